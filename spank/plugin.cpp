@@ -1,0 +1,301 @@
+// spank_dew.so: the SPANK edge. It gathers inputs from Slurm, calls the pure
+// core (pool_plan.h) and applies what it returns. Nothing here decides
+// anything the core could decide, and no exception crosses into Slurm.
+//
+// Where each callback runs (see spank(8)):
+//   slurm_spank_init             srun, sbatch/salloc, slurmstepd: read plugstack.conf args, register options
+//   option callbacks             srun/sbatch (validate), slurmstepd (the values srun carried)
+//   slurm_spank_init_post_opt    srun, sbatch/salloc: check the options against each other;
+//                                srun: draw the step's pool secret
+//   slurm_spank_task_init        slurmstepd, per task, before exec: the task's environment
+//   slurm_spank_task_exit        slurmstepd, per task: kill-on-bad-exit
+#include <sys/random.h>
+#include <sys/wait.h>
+
+#include <csignal>
+#include <cstdint>
+#include <cstdlib>
+#include <exception>
+#include <string>
+#include <vector>
+
+extern "C" {
+#include <slurm/slurm_version.h>
+#include <slurm/spank.h>
+
+// The SPANK loader looks these up by name: they must have C linkage, which a
+// C++ namespace-scope const would not get by itself.
+extern const char plugin_name[] = "dew";
+extern const char plugin_type[] = "spank";
+extern const unsigned int plugin_version = SLURM_VERSION_NUMBER;
+extern const unsigned int spank_plugin_version = 0;
+
+// Provided by slurmstepd (and srun) at run time; weak so the plugin loads
+// anywhere and checks for it before use. Not linking libslurm keeps the
+// plugin independent of which libslurm a site installs.
+int slurm_kill_job_step(uint32_t job_id, uint32_t step_id, uint16_t signal) __attribute__((weak));
+}
+
+#include "pool_plan.h"
+
+namespace dew::spank {
+namespace {
+
+// The step's secret travels from srun to the tasks in a SLURM_* variable:
+// srun 22.05 passes those even with --export=NONE (SPANK_* it drops).
+constexpr const char* kSecretCarrier = "SLURM_DEW_POOL_SECRET";
+constexpr std::size_t kSecretBytes = 32;
+// Steps Slurm runs for itself (batch script, extern, interactive): never pools.
+constexpr std::uint32_t kFirstSpecialStep = 0xfffffff0u;
+
+PlugstackConfig g_config;
+// A bad plugstack.conf seen in slurmstepd: its errors there reach only the
+// slurmd log, so the message waits for task_init, whose errors reach srun.
+std::optional<Error> g_config_error;
+PoolOptions g_options;
+bool g_step_killed = false;  // per slurmstepd: report and kill once per node
+
+void report(const Error& error) { slurm_error("dew: %s", error.message.c_str()); }
+
+// Runs one SPANK callback body; exceptions become one error line and -1.
+template <typename Body>
+int guarded(const char* where, Body&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    slurm_error("dew: %s: %s", where, e.what());
+  } catch (...) {
+    slurm_error("dew: %s: unknown error", where);
+  }
+  return -1;
+}
+
+// ------------------------------------------------------------- options ---
+
+enum OptionId : int {
+  kPool = 1,
+  kDevicesPerProcess,
+  kPort,
+  kCoordinator,
+  kMultiHost,
+  kWatchdog,
+  kKillOnBadExit,
+};
+
+template <typename T>
+int store(Result<T> parsed, auto& slot) {
+  if (!parsed.ok()) {
+    report(parsed.error());
+    return -1;
+  }
+  slot = std::move(parsed.value());
+  return 0;
+}
+
+int on_option(int id, const char* optarg, int /*remote*/) {
+  return guarded("option", [&] {
+    // Flags arrive with optarg NULL, and in slurmstepd sometimes twice.
+    const std::string_view value = optarg ? optarg : "";
+    switch (id) {
+      case kPool: g_options.pool = true; return 0;
+      case kMultiHost: g_options.multi_host = true; return 0;
+      case kDevicesPerProcess:
+        return store(parse_devices_per_process(value, "--dew-devices-per-process"), g_options.devices_per_process);
+      case kPort: return store(parse_port(value, "--dew-port"), g_options.port);
+      case kCoordinator: return store(parse_coordinator_host(value, "--dew-coordinator"), g_options.coordinator);
+      case kWatchdog: return store(parse_watchdog(value, "--dew-watchdog"), g_options.watchdog);
+      case kKillOnBadExit: return store(parse_yes_no(value, "--dew-kill-on-bad-exit"), g_options.kill_on_bad_exit);
+      default: return -1;
+    }
+  });
+}
+
+char* text(const char* literal) { return const_cast<char*>(literal); }
+
+// Usage strings show in `srun --help`: keep them true.
+spank_option g_option_table[] = {
+    {text("dew-pool"), nullptr,
+     text("Form a Dew process pool: give every task its rank, the process count, a coordinator "
+          "address and per-task GPUs."),
+     0, kPool, on_option},
+    {text("dew-devices-per-process"), text("N"),
+     text("GPUs per task: local task L takes the step's GPUs [L*N, (L+1)*N) (default: every task "
+          "sees all; Slurm's own --gpus-per-task/--gpu-bind binding is kept)."),
+     1, kDevicesPerProcess, on_option},
+    {text("dew-port"), text("PORT"),
+     text("Coordinator port (1024-65535; default: derived from job and step id in the admin's "
+          "port_range)."),
+     1, kPort, on_option},
+    {text("dew-coordinator"), text("HOST"),
+     text("Host name by which the other nodes reach the node of rank 0 (default: first node of "
+          "the step)."),
+     1, kCoordinator, on_option},
+    {text("dew-multi-host"), nullptr, text("Form a pool even with a single task."), 0, kMultiHost, on_option},
+    {text("dew-watchdog"), text("DURATION|off"),
+     text("XLA execution watchdog appended to XLA_FLAGS, e.g. 30m, 1h30m (default: plugstack "
+          "watchdog, 30m)."),
+     1, kWatchdog, on_option},
+    {text("dew-kill-on-bad-exit"), text("yes|no"),
+     text("End the whole step when any task exits non-zero or by a signal (default: plugstack "
+          "kill_on_bad_exit, yes)."),
+     1, kKillOnBadExit, on_option},
+};
+
+// ------------------------------------------------------- slurmstepd side ---
+
+std::optional<std::string> task_getenv(spank_t sp, const char* name) {
+  std::vector<char> buffer(256);
+  for (;;) {
+    const auto rc = spank_getenv(sp, name, buffer.data(), static_cast<int>(buffer.size()));
+    if (rc == ESPANK_SUCCESS) return std::string(buffer.data());
+    if (rc != ESPANK_NOSPACE || buffer.size() >= (1u << 20)) return std::nullopt;
+    buffer.resize(buffer.size() * 4);
+  }
+}
+
+template <typename T>
+bool get_item(spank_t sp, spank_item_t item, T& out) {
+  return spank_get_item(sp, item, &out) == ESPANK_SUCCESS;
+}
+
+Result<TaskFacts> gather_task_facts(spank_t sp) {
+  TaskFacts facts;
+  int local_task = 0;
+  const bool items = get_item(sp, S_JOB_ID, facts.job_id) && get_item(sp, S_JOB_STEPID, facts.step_id) &&
+                     get_item(sp, S_TASK_GLOBAL_ID, facts.global_task) &&
+                     get_item(sp, S_JOB_TOTAL_TASK_COUNT, facts.task_count) &&
+                     get_item(sp, S_TASK_ID, local_task) &&
+                     get_item(sp, S_JOB_LOCAL_TASK_COUNT, facts.local_task_count) &&
+                     get_item(sp, S_JOB_NODEID, facts.node_id);
+  if (!items || local_task < 0) return Error{"slurmstepd did not give the task's ids"};
+  facts.local_task = static_cast<std::uint32_t>(local_task);
+  facts.step_nodelist = task_getenv(sp, "SLURM_STEP_NODELIST");
+  facts.distribution = task_getenv(sp, "SLURM_DISTRIBUTION");
+  facts.pool_secret = task_getenv(sp, kSecretCarrier);
+  facts.visible_devices = task_getenv(sp, "CUDA_VISIBLE_DEVICES");
+  facts.tres_bind = task_getenv(sp, "SLURMD_TRES_BIND");
+  facts.gpus_per_task = task_getenv(sp, "SLURM_GPUS_PER_TASK");
+  facts.xla_flags = task_getenv(sp, "XLA_FLAGS");
+  return facts;
+}
+
+bool special_step(spank_t sp) {
+  std::uint32_t step = 0;
+  return !get_item(sp, S_JOB_STEPID, step) || step >= kFirstSpecialStep;
+}
+
+int task_init(spank_t sp) {
+  if (g_config_error) return report(*g_config_error), -1;
+  spank_unsetenv(sp, kSecretCarrier);  // never left in a task: it reads DEW_POOL_SECRET
+  if (!g_options.pool || special_step(sp)) return 0;
+  auto facts = gather_task_facts(sp);
+  if (!facts.ok()) return report(facts.error()), -1;
+  auto plan = plan_task_environment(facts.value(), g_options, g_config);
+  if (!plan.ok()) {
+    slurm_error("dew: rank %u: %s", facts.value().global_task, plan.error().message.c_str());
+    return -1;
+  }
+  for (const auto& [name, value] : plan.value().set) {
+    if (spank_setenv(sp, name.c_str(), value.c_str(), 1) != ESPANK_SUCCESS) {
+      slurm_error("dew: rank %u: cannot set %s", facts.value().global_task, name.c_str());
+      return -1;
+    }
+  }
+  for (const auto& name : plan.value().unset) spank_unsetenv(sp, name.c_str());
+  return 0;
+}
+
+int task_exit(spank_t sp) {
+  if (!g_options.pool || special_step(sp)) return 0;
+  if (!g_options.kill_on_bad_exit.value_or(g_config.kill_on_bad_exit)) return 0;
+  int status = 0;
+  std::uint32_t rank = 0, job = 0, step = 0;
+  if (!get_item(sp, S_TASK_EXIT_STATUS, status) || !get_item(sp, S_TASK_GLOBAL_ID, rank) ||
+      !get_item(sp, S_JOB_ID, job) || !get_item(sp, S_JOB_STEPID, step)) {
+    return 0;
+  }
+  if (!is_bad_exit(status) || g_step_killed) return 0;
+  g_step_killed = true;
+  // A SIGKILL is most often our own kill arriving from another node: keep
+  // srun's stderr to the one line about the rank that failed first.
+  const bool killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+  const auto line = "rank " + std::to_string(rank) + " ended with " + describe_wait_status(status) +
+                    "; ending step " + std::to_string(job) + "." + std::to_string(step) +
+                    " (kill-on-bad-exit)";
+  if (killed) {
+    slurm_info("dew: %s", line.c_str());
+  } else {
+    slurm_error("dew: %s", line.c_str());
+  }
+  if (slurm_kill_job_step == nullptr) {
+    slurm_error("dew: slurm_kill_job_step is not available in this process; cannot end step %u.%u", job, step);
+    return 0;
+  }
+  if (slurm_kill_job_step(job, step, SIGKILL) != 0) {
+    slurm_error("dew: could not end step %u.%u after rank %u failed", job, step, rank);
+  }
+  return 0;
+}
+
+// ------------------------------------------------------------ srun side ---
+
+int draw_pool_secret() {
+  unsigned char bytes[kSecretBytes];
+  if (getrandom(bytes, sizeof bytes, 0) != static_cast<ssize_t>(sizeof bytes)) {
+    return report(Error{"cannot draw the pool secret: getrandom failed"}), -1;
+  }
+  // Tasks inherit srun's environment at launch; SLURM_* survives --export=NONE.
+  const auto secret = to_hex(bytes, sizeof bytes);
+  return setenv(kSecretCarrier, secret.c_str(), 1) == 0 ? 0 : -1;
+}
+
+}  // namespace
+}  // namespace dew::spank
+
+using namespace dew::spank;
+
+extern "C" {
+
+int slurm_spank_init(spank_t sp, int ac, char** av) {
+  return guarded("init", [&] {
+    const auto context = spank_context();
+    if (context != S_CTX_LOCAL && context != S_CTX_REMOTE && context != S_CTX_ALLOCATOR) return 0;
+    auto config = parse_plugstack_args(std::vector<std::string>(av, av + ac));
+    if (!config.ok() && context == S_CTX_REMOTE) {
+      g_config_error = config.error();
+    } else if (!config.ok()) {
+      return report(config.error()), -1;
+    } else {
+      g_config = config.value();
+    }
+    for (auto& option : g_option_table) {
+      if (spank_option_register(sp, &option) != ESPANK_SUCCESS) {
+        slurm_error("dew: cannot register --%s", option.name);
+        return -1;
+      }
+    }
+    return 0;
+  });
+}
+
+int slurm_spank_init_post_opt(spank_t, int, char**) {
+  return guarded("init_post_opt", [&] {
+    const auto context = spank_context();
+    if (context != S_CTX_LOCAL && context != S_CTX_ALLOCATOR) return 0;
+    auto checked = check_pool_options(g_options);
+    if (!checked.ok()) return report(checked.error()), -1;
+    // Drawn here, not in local_user_init: with --export=NONE srun has taken
+    // its copy of the environment for the tasks by then.
+    return context == S_CTX_LOCAL && g_options.pool ? draw_pool_secret() : 0;
+  });
+}
+
+int slurm_spank_task_init(spank_t sp, int, char**) {
+  return guarded("task_init", [&] { return task_init(sp); });
+}
+
+int slurm_spank_task_exit(spank_t sp, int, char**) {
+  return guarded("task_exit", [&] { return task_exit(sp); });
+}
+
+}  // extern "C"

@@ -1,0 +1,49 @@
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "pool_plan.h"
+
+namespace dew::spank {
+namespace {
+
+TEST(DerivePort, StaysInsideTheRange) {
+  const PortRange range{20000, 20009};
+  for (std::uint32_t job : {0u, 1u, 7u, 12345u, 0xffffffffu}) {
+    for (std::uint32_t step : {0u, 1u, 2u, 9u, 10u, 0xfffffffbu, 0xffffffffu}) {
+      const auto port = derive_port(job, step, range);
+      EXPECT_GE(port, 20000);
+      EXPECT_LE(port, 20009);
+    }
+  }
+}
+
+TEST(DerivePort, FullRangeAndSinglePortRange) {
+  EXPECT_EQ(derive_port(5, 3, PortRange{40000, 40000}), 40000);
+  const auto port = derive_port(0xffffffffu, 0xffffffffu, PortRange{1024, 65535});
+  EXPECT_GE(port, 1024);
+}
+
+TEST(DerivePort, ConsecutiveStepsOfAJobNeverShareAPort) {
+  const PortRange range{20000, 29999};
+  for (std::uint32_t job : {1u, 4242u, 987654u}) {
+    std::set<std::uint16_t> ports;
+    for (std::uint32_t step = 0; step < 10000; ++step) ports.insert(derive_port(job, step, range));
+    EXPECT_EQ(ports.size(), 10000u) << "job " << job;
+  }
+}
+
+TEST(DerivePort, DependsOnJobAndStep) {
+  const PortRange range{20000, 29999};
+  EXPECT_NE(derive_port(100, 0, range), derive_port(101, 0, range));
+  EXPECT_NE(derive_port(100, 0, range), derive_port(100, 1, range));
+  // Neighbouring jobs' first steps stay apart.
+  std::set<std::uint16_t> first_steps;
+  for (std::uint32_t job = 1000; job < 1200; ++job) {
+    for (std::uint32_t step = 0; step < 4; ++step) first_steps.insert(derive_port(job, step, range));
+  }
+  EXPECT_EQ(first_steps.size(), 800u);
+}
+
+}  // namespace
+}  // namespace dew::spank
