@@ -11,7 +11,9 @@
 //   slurm_spank_task_exit        slurmstepd, per task: kill-on-bad-exit
 #include <sys/random.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdint>
 #include <cstdlib>
@@ -47,6 +49,7 @@ constexpr const char* kSecretCarrier = "SLURM_DEW_POOL_SECRET";
 constexpr std::size_t kSecretBytes = 32;
 // Steps Slurm runs for itself (batch script, extern, interactive): never pools.
 constexpr std::uint32_t kFirstSpecialStep = 0xfffffff0u;
+constexpr std::chrono::microseconds kLinePause{100000};
 
 PlugstackConfig g_config;
 // A bad plugstack.conf seen in slurmstepd: its errors there reach only the
@@ -171,7 +174,6 @@ Result<TaskFacts> gather_task_facts(spank_t sp) {
   facts.local_task = static_cast<std::uint32_t>(local_task);
   facts.step_nodelist = task_getenv(sp, "SLURM_STEP_NODELIST");
   facts.distribution = task_getenv(sp, "SLURM_DISTRIBUTION");
-  facts.pool_secret = task_getenv(sp, kSecretCarrier);
   facts.visible_devices = task_getenv(sp, "CUDA_VISIBLE_DEVICES");
   facts.tres_bind = task_getenv(sp, "SLURMD_TRES_BIND");
   facts.gpus_per_task = task_getenv(sp, "SLURM_GPUS_PER_TASK");
@@ -186,10 +188,12 @@ bool special_step(spank_t sp) {
 
 int task_init(spank_t sp) {
   if (g_config_error) return report(*g_config_error), -1;
+  auto secret = task_getenv(sp, kSecretCarrier);
   spank_unsetenv(sp, kSecretCarrier);  // never left in a task: it reads DEW_POOL_SECRET
   if (!g_options.pool || special_step(sp)) return 0;
   auto facts = gather_task_facts(sp);
   if (!facts.ok()) return report(facts.error()), -1;
+  facts.value().pool_secret = std::move(secret);
   auto plan = plan_task_environment(facts.value(), g_options, g_config);
   if (!plan.ok()) {
     slurm_error("dew: rank %u: %s", facts.value().global_task, plan.error().message.c_str());
@@ -231,6 +235,10 @@ int task_exit(spank_t sp) {
     slurm_error("dew: slurm_kill_job_step is not available in this process; cannot end step %u.%u", job, step);
     return 0;
   }
+  // Give slurmstepd's I/O thread a moment to forward the line above to srun
+  // before the kill tears the step's I/O down: without the pause 4 lines in
+  // 10 were lost here; with 100 ms none in 30, for 0.1 s more to end a step.
+  usleep(kLinePause.count());
   if (slurm_kill_job_step(job, step, SIGKILL) != 0) {
     slurm_error("dew: could not end step %u.%u after rank %u failed", job, step, rank);
   }
