@@ -12,6 +12,7 @@
 
 #include "pool_plan.h"
 #include "slurm_cluster.h"
+#include "srun_output.h"
 
 namespace dew::testing {
 namespace {
@@ -20,30 +21,6 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using namespace std::chrono_literals;
-
-// `srun -l env` output: task number -> its environment.
-std::map<int, std::map<std::string, std::string>> task_environments(const std::string& out) {
-  std::map<int, std::map<std::string, std::string>> tasks;
-  const std::regex line(R"(^\s*(\d+): ([A-Za-z_][A-Za-z0-9_]*)=(.*)$)");
-  std::istringstream stream(out);
-  for (std::string text; std::getline(stream, text);) {
-    std::smatch match;
-    if (std::regex_match(text, match, line)) tasks[std::stoi(match[1])][match[2]] = match[3];
-  }
-  return tasks;
-}
-
-std::string describe(const RunResult& r) {
-  return "exit " + std::to_string(r.exit_code) + (r.timed_out ? " (timed out)" : "") + "\n--- stdout\n" + r.out +
-         "--- stderr\n" + r.err;
-}
-
-std::string marker_path(const std::string& name) {
-  auto path = cluster().dir() + "/markers/" + name;
-  std::filesystem::create_directories(cluster().dir() + "/markers");
-  std::filesystem::remove(path);
-  return path;
-}
 
 const std::vector<std::string> kDewVariables = {
     "DEW_PROCESS_ID", "DEW_PROCESS_COUNT", "DEW_LOCAL_PROCESS_ID", "DEW_LOCAL_PROCESS_COUNT", "DEW_NODE_ID",
@@ -283,9 +260,3 @@ TEST(SrunDewPool, DevicesPerProcessWithoutGpusFailsBeforeExec) {
 
 }  // namespace
 }  // namespace dew::testing
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  dew::testing::add_slurm_cluster_environment();
-  return RUN_ALL_TESTS();
-}

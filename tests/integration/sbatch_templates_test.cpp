@@ -1,0 +1,69 @@
+// The sbatch templates in scripts/sbatch/, submitted with real sbatch.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <set>
+
+#include "slurm_cluster.h"
+#include "srun_output.h"
+
+namespace dew::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::MatchesRegex;
+using namespace std::chrono_literals;
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Submits a template and waits for it; returns its output file's text.
+std::string submit(const std::string& name, const std::vector<std::string>& args, bool expect_success = true) {
+  const auto output = cluster().dir() + "/markers/" + name + ".out";
+  std::filesystem::create_directories(cluster().dir() + "/markers");
+  std::vector<std::string> argv{"sbatch", "--wait", "--output=" + output,
+                                SlurmCluster::source_root() + "/scripts/sbatch/" + name};
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto r = cluster().command(argv, {}, 90s);
+  EXPECT_EQ(r.exit_code == 0, expect_success) << describe(r) << "--- job output\n" << slurp(output);
+  return slurp(output);
+}
+
+std::vector<std::string> identity_lines(const std::string& text) { return lines_starting_with(text, "dew rank "); }
+
+TEST(SbatchTemplates, TwoNodeTemplatePrintsEveryTasksIdentity) {
+  auto text = submit("two-node.sbatch", {});
+  auto lines = identity_lines(text);
+  ASSERT_EQ(lines.size(), 4u) << text;
+  std::set<std::string> coordinators, nodes;
+  for (const auto& line : lines) {
+    EXPECT_THAT(line, MatchesRegex("dew rank [0-3] of 4 on n[12] \\(node [01], local [01] of 2\\), coordinator "
+                                   "n1:[0-9]+, GPUs .*"));
+    coordinators.insert(line.substr(line.find("coordinator")));
+    nodes.insert(line.substr(line.find(" on "), 6));
+  }
+  EXPECT_EQ(nodes.size(), 2u) << text;
+  for (int rank = 0; rank < 4; ++rank) EXPECT_THAT(text, HasSubstr("dew rank " + std::to_string(rank) + " of 4"));
+}
+
+TEST(SbatchTemplates, OneNodeTemplateRunsTheGivenCommand) {
+  auto text = submit("one-node.sbatch", {"bash", "-c", "echo \"task $DEW_PROCESS_ID of $DEW_PROCESS_COUNT\""});
+  EXPECT_THAT(text, HasSubstr("task 0 of 2"));
+  EXPECT_THAT(text, HasSubstr("task 1 of 2"));
+}
+
+TEST(SbatchTemplates, AFailingRankFailsTheJob) {
+  auto text = submit("two-node.sbatch", {"bash", "-c", "[ \"$DEW_PROCESS_ID\" != 2 ] || exit 7; sleep 300"},
+                     /*expect_success=*/false);
+  // srun itself exits 137 (its killed tasks' status); the plugin's line is
+  // what names the rank that failed and its code.
+  EXPECT_THAT(text, HasSubstr("dew: rank 2 ended with exit code 7"));
+}
+
+}  // namespace
+}  // namespace dew::testing

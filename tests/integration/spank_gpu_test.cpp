@@ -1,0 +1,99 @@
+// Per-task GPU binding with GPUs that Slurm itself hands out: the test
+// cluster declares 4 GPUs per node in gres.conf over stand-in character
+// devices (no real GPU here), so CUDA_VISIBLE_DEVICES comes from Slurm's
+// gres/gpu plugin exactly as on a GPU node.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "slurm_cluster.h"
+#include "srun_output.h"
+
+namespace dew::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+TEST(SrunDewPoolGpus, DevicesPerProcessSplitsTheNodesGpus) {
+  auto r = cluster().srun({"--dew-pool", "--dew-devices-per-process=2", "-N2", "-n4", "--ntasks-per-node=2",
+                           "--gpus-per-node=4", "-l", "env"},
+                          {}, 30s);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  auto tasks = task_environments(r.out);
+  ASSERT_EQ(tasks.size(), 4u);
+  for (auto& [rank, env] : tasks) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    EXPECT_EQ(env["SLURM_STEP_GPUS"], "0,1,2,3") << "Slurm gave the step all four GPUs of the node";
+    EXPECT_EQ(env["CUDA_VISIBLE_DEVICES"], env["SLURM_LOCALID"] == "0" ? "0,1" : "2,3");
+    EXPECT_EQ(env["JAX_LOCAL_DEVICE_IDS"], "0,1");
+  }
+}
+
+TEST(SrunDewPoolGpus, WithoutDevicesPerProcessEveryTaskSeesAll) {
+  auto r = cluster().srun({"--dew-pool", "-N2", "-n4", "--ntasks-per-node=2", "--gpus-per-node=4", "-l", "env"}, {},
+                          30s);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  for (auto& [rank, env] : task_environments(r.out)) {
+    EXPECT_EQ(env["CUDA_VISIBLE_DEVICES"], "0,1,2,3") << rank;
+    EXPECT_EQ(env["JAX_LOCAL_DEVICE_IDS"], "0,1,2,3") << rank;
+  }
+}
+
+TEST(SrunDewPoolGpus, PlugstackDevicesPerProcessIsTheDefault) {
+  cluster().set_plugstack_args("devices_per_process=1");
+  auto r = cluster().srun({"--dew-pool", "-N1", "-n4", "--gpus-per-node=4", "-l", "env"}, {}, 30s);
+  cluster().set_plugstack_args("");
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  auto tasks = task_environments(r.out);
+  ASSERT_EQ(tasks.size(), 4u);
+  for (auto& [rank, env] : tasks) EXPECT_EQ(env["CUDA_VISIBLE_DEVICES"], env["SLURM_LOCALID"]) << rank;
+}
+
+TEST(SrunDewPoolGpus, SlurmsPerTaskBindingIsKept) {
+  auto r = cluster().srun({"--dew-pool", "--dew-devices-per-process=2", "-N2", "-n4", "--ntasks-per-node=2",
+                           "--gpus-per-task=1", "-l", "env"},
+                          {}, 30s);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  auto tasks = task_environments(r.out);
+  ASSERT_EQ(tasks.size(), 4u);
+  for (auto& [rank, env] : tasks) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    EXPECT_THAT(env["SLURMD_TRES_BIND"], HasSubstr("gpu:"));
+    EXPECT_EQ(env["CUDA_VISIBLE_DEVICES"], env["SLURM_LOCALID"]) << "Slurm's one GPU per task";
+    EXPECT_EQ(env["JAX_LOCAL_DEVICE_IDS"], "0");
+  }
+}
+
+TEST(SrunDewPoolGpus, SlurmsMapGpuBindingIsKept) {
+  auto r = cluster().srun({"--dew-pool", "-N1", "-n2", "--gpus-per-node=4", "--gpu-bind=map_gpu:3,1", "-l", "env"},
+                          {}, 30s);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  auto tasks = task_environments(r.out);
+  ASSERT_EQ(tasks.size(), 2u);
+  EXPECT_EQ(tasks[0]["CUDA_VISIBLE_DEVICES"], "3");
+  EXPECT_EQ(tasks[1]["CUDA_VISIBLE_DEVICES"], "1");
+}
+
+TEST(SrunDewPoolGpus, TooFewGpusFailsTheTaskBeforeExecWithTheCounts) {
+  const auto markers = marker_path("gpus");
+  std::filesystem::create_directories(markers);
+  auto r = cluster().srun({"--dew-pool", "--dew-devices-per-process=2", "-N2", "-n4", "--ntasks-per-node=2",
+                           "--gpus-per-node=2", "bash", "-c", "touch " + markers + "/$SLURM_PROCID; sleep 30"},
+                          {}, 60s);
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  EXPECT_LT(r.seconds, 10.0);
+  EXPECT_THAT(r.err, HasSubstr("local task 1 of 2 needs GPUs [2, 4) with 2 devices per process, but the step has 2 "
+                               "GPUs on this node (CUDA_VISIBLE_DEVICES=0,1)"))
+      << describe(r);
+  // Local task 1 of each node (ranks 1 and 3 in a block layout) never ran.
+  auto tasks_started = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(markers)) {
+    ++tasks_started;
+    EXPECT_NE(entry.path().filename(), "1");
+    EXPECT_NE(entry.path().filename(), "3");
+  }
+  EXPECT_LE(tasks_started, 2);
+}
+
+}  // namespace
+}  // namespace dew::testing
