@@ -10,7 +10,6 @@
 //   slurm_spank_task_init        slurmstepd, per task, before exec: the task's environment
 //   slurm_spank_task_exit        slurmstepd, per task: kill-on-bad-exit
 #include <sys/random.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -218,27 +217,22 @@ int task_exit(spank_t sp) {
       !get_item(sp, S_JOB_ID, job) || !get_item(sp, S_JOB_STEPID, step)) {
     return 0;
   }
-  if (!is_bad_exit(status) || g_step_killed) return 0;
+  auto report = report_bad_exit(status, rank, job, step);
+  if (!report || g_step_killed) return 0;
   g_step_killed = true;
-  // A SIGKILL is most often our own kill arriving from another node: keep
-  // srun's stderr to the one line about the rank that failed first.
-  const bool killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
-  const auto line = "rank " + std::to_string(rank) + " ended with " + describe_wait_status(status) +
-                    "; ending step " + std::to_string(job) + "." + std::to_string(step) +
-                    " (kill-on-bad-exit)";
-  if (killed) {
-    slurm_info("dew: %s", line.c_str());
+  if (report->tell_srun) {
+    slurm_error("dew: %s", report->line.c_str());
+    // Give slurmstepd's I/O thread a moment to forward the line to srun
+    // before the kill tears the step's I/O down: without the pause 4 lines in
+    // 10 were lost here; with 100 ms none in 30, for 0.1 s more to end a step.
+    usleep(kLinePause.count());
   } else {
-    slurm_error("dew: %s", line.c_str());
+    slurm_info("dew: %s", report->line.c_str());
   }
   if (slurm_kill_job_step == nullptr) {
     slurm_error("dew: slurm_kill_job_step is not available in this process; cannot end step %u.%u", job, step);
     return 0;
   }
-  // Give slurmstepd's I/O thread a moment to forward the line above to srun
-  // before the kill tears the step's I/O down: without the pause 4 lines in
-  // 10 were lost here; with 100 ms none in 30, for 0.1 s more to end a step.
-  usleep(kLinePause.count());
   if (slurm_kill_job_step(job, step, SIGKILL) != 0) {
     slurm_error("dew: could not end step %u.%u after rank %u failed", job, step, rank);
   }

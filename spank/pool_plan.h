@@ -175,6 +175,18 @@ Result<EnvPlan> plan_task_environment(const TaskFacts& facts, const PoolOptions&
 std::string describe_wait_status(int wait_status);
 bool is_bad_exit(int wait_status);
 
+// What kill-on-bad-exit says when a task ends badly.
+struct BadExitReport {
+  std::string line;  // "rank 1 ended with exit code 3; ending step 42.0 (kill-on-bad-exit)"
+  // False for SIGKILL, most often our own kill arriving from another node:
+  // srun's stderr keeps the one line about the rank that failed first.
+  bool tell_srun = true;
+};
+
+// nullopt for a clean exit (code 0).
+std::optional<BadExitReport> report_bad_exit(int wait_status, std::uint32_t rank, std::uint32_t job_id,
+                                             std::uint32_t step_id);
+
 // ------------------------------------------------------------- secret ---
 
 // Hex encoding of random bytes: the pool secret's text form.

@@ -127,6 +127,16 @@ bool is_bad_exit(int wait_status) {
   return !(WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0);
 }
 
+std::optional<BadExitReport> report_bad_exit(int wait_status, std::uint32_t rank, std::uint32_t job_id,
+                                             std::uint32_t step_id) {
+  if (!is_bad_exit(wait_status)) return std::nullopt;
+  BadExitReport report;
+  report.line = "rank " + std::to_string(rank) + " ended with " + describe_wait_status(wait_status) +
+                "; ending step " + std::to_string(job_id) + "." + std::to_string(step_id) + " (kill-on-bad-exit)";
+  report.tell_srun = !(WIFSIGNALED(wait_status) && WTERMSIG(wait_status) == SIGKILL);
+  return report;
+}
+
 std::string to_hex(const unsigned char* bytes, std::size_t count) {
   static constexpr char kDigits[] = "0123456789abcdef";
   std::string out;

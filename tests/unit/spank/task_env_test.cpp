@@ -210,6 +210,20 @@ TEST(WaitStatus, DescribesExitsAndSignals) {
   EXPECT_TRUE(is_bad_exit(SIGTERM));
 }
 
+TEST(ReportBadExit, NamesRankStatusAndStep) {
+  EXPECT_FALSE(report_bad_exit(0, 1, 42, 0));
+  auto report = report_bad_exit(3 << 8, 1, 42, 7);
+  ASSERT_TRUE(report);
+  EXPECT_EQ(report->line, "rank 1 ended with exit code 3; ending step 42.7 (kill-on-bad-exit)");
+  EXPECT_TRUE(report->tell_srun);
+  report = report_bad_exit(SIGABRT, 5, 1, 0);
+  EXPECT_EQ(report->line, "rank 5 ended with signal 6 (SIGABRT); ending step 1.0 (kill-on-bad-exit)");
+  EXPECT_TRUE(report->tell_srun);
+  report = report_bad_exit(SIGKILL, 2, 1, 0);
+  ASSERT_TRUE(report);
+  EXPECT_FALSE(report->tell_srun) << "a SIGKILL is most often the step's own kill";
+}
+
 TEST(Hex, EncodesBytes) {
   const unsigned char bytes[] = {0x00, 0x0f, 0xa5, 0xff};
   EXPECT_EQ(to_hex(bytes, 4), "000fa5ff");
