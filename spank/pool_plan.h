@@ -9,31 +9,14 @@
 #include <string>
 #include <string_view>
 #include <utility>
-#include <variant>
 #include <vector>
+
+#include "dew/result.h"
 
 namespace dew::spank {
 
-// A one-line, user-facing message naming the bad value and what is allowed.
-struct Error {
-  std::string message;
-};
-
-// Value or Error. Nothing in the core throws across the C boundary; callers
-// test ok() and read value() or error().
-template <typename T>
-class Result {
- public:
-  Result(T value) : state_(std::move(value)) {}          // NOLINT: implicit by design
-  Result(Error error) : state_(std::move(error)) {}      // NOLINT: implicit by design
-  [[nodiscard]] bool ok() const { return std::holds_alternative<T>(state_); }
-  [[nodiscard]] const T& value() const { return std::get<T>(state_); }
-  [[nodiscard]] T& value() { return std::get<T>(state_); }
-  [[nodiscard]] const Error& error() const { return std::get<Error>(state_); }
-
- private:
-  std::variant<T, Error> state_;
-};
+using dew::Error;
+using dew::Result;
 
 // ---------------------------------------------------------------- values ---
 

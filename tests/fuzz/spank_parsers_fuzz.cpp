@@ -10,6 +10,7 @@
 // split on '\n' and '\0' where a mode needs several strings.
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -698,6 +699,19 @@ void fuzz_misc(Bytes& bytes) {
   const std::string description = describe_wait_status(status);
   FUZZ_CHECK(!description.empty() && description.find('\n') == std::string::npos);
   FUZZ_CHECK(is_bad_exit(status) == (description != "exit code 0"));
+
+  const std::uint32_t rank = bytes.u32();
+  const std::uint32_t job = bytes.u32();
+  const std::uint32_t step = bytes.u32();
+  const auto report = report_bad_exit(status, rank, job, step);
+  FUZZ_CHECK(report.has_value() == is_bad_exit(status));
+  if (report) {
+    FUZZ_CHECK(report->line.find('\n') == std::string::npos);
+    FUZZ_CHECK(report->line.find("rank " + std::to_string(rank) + " ") == 0);
+    FUZZ_CHECK(report->line.find(description) != std::string::npos);
+    FUZZ_CHECK(report->line.find(std::to_string(job) + "." + std::to_string(step)) != std::string::npos);
+    FUZZ_CHECK(report->tell_srun == !(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL));
+  }
 
   const std::int64_t seconds = 1 + static_cast<std::int64_t>(bytes.u32() % kLongestWatchdogSeconds);
   const std::string formatted = format_duration(std::chrono::seconds(seconds));
