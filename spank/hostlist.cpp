@@ -106,12 +106,13 @@ Result<std::vector<std::string>> expand_hostlist(std::string_view hostlist, std:
     if (!end && hostlist[i] == '[') ++depth;
     if (!end && hostlist[i] == ']') --depth;
     if (end || (hostlist[i] == ',' && depth == 0)) {
-      auto expanded = expand_element(hostlist.substr(start, i - start), hostlist, max_hosts - hosts.size());
+      const std::size_t room = max_hosts - hosts.size();
+      auto expanded = expand_element(hostlist.substr(start, i - start), hostlist, room);
       if (!expanded.ok()) return expanded.error();
-      hosts.insert(hosts.end(), expanded.value().begin(), expanded.value().end());
-      if (hosts.size() >= max_hosts && !end) {
+      if (expanded.value().size() > room) {
         return bad_hostlist(hostlist, "expands to more than the allowed number of hosts");
       }
+      hosts.insert(hosts.end(), expanded.value().begin(), expanded.value().end());
       start = i + 1;
     }
   }

@@ -68,6 +68,8 @@ TEST(Hostlist, RefusesListsLargerThanTheLimit) {
   EXPECT_THAT(error_of("a[0-999]b[0-999]c[0-999]"), HasSubstr("more than the allowed number"));
   EXPECT_THAT(error_of("n[1-3],m[1-3]", 5), HasSubstr("more than the allowed number"));
   EXPECT_EQ(expand_hostlist("n[1-3],m[1-2]", 5).value().size(), 5u);
+  EXPECT_THAT(error_of("a", 0), HasSubstr("more than the allowed number"));
+  EXPECT_THAT(error_of("a,b,c", 2), HasSubstr("more than the allowed number"));
 }
 
 }  // namespace
