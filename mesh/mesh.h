@@ -1,0 +1,143 @@
+// Device meshes for a MeshSpec: which device sits at which mesh coordinate.
+//
+// Pure code over an abstract device graph (ids, processes, granules and a
+// bandwidth matrix): no hwloc, no I/O. The `dew mesh` command feeds it a
+// topology file or a CPU pool; tests feed it matrices.
+//
+//   parse_mesh_spec   {"fsdp": 2, "replicas": 2} or fsdp=2,replicas=2
+//   build_mesh        an explicit device order, placement, or hybrid sharding
+//   place             the best local order of one granule's devices
+//   score_layout      per axis, the slowest link inside the axis's groups
+#pragma once
+
+#include <array>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dew/result.h"
+
+namespace dew::mesh {
+
+// MESH_AXES, outermost first. The mesh is filled row-major, so the last axes
+// get neighbouring devices: sequence and tensor exchange the most data.
+enum class Axis : int { kData, kStage, kFsdp, kExpert, kTensor, kSequence };
+inline constexpr int kAxisCount = 6;
+inline constexpr std::array<std::string_view, kAxisCount> kMeshAxes = {"data",   "stage",  "fsdp",
+                                                                       "expert", "tensor", "sequence"};
+
+// Axis sizes in MESH_AXES order.
+using MeshShape = std::array<int, kAxisCount>;
+
+struct MeshSpec {
+  // Unset axes are 1, except data, which takes the devices left over.
+  std::array<std::optional<int>, kAxisCount> sizes;
+  // Groups of granules holding one full copy each (hybrid sharding); 1: none.
+  int replicas = 1;
+};
+
+// A JSON object ({"fsdp": 2, "replicas": 2}) or a key=value list
+// (fsdp=2,replicas=2), told apart by a leading '{'.
+Result<MeshSpec> parse_mesh_spec(std::string_view text);
+Result<MeshSpec> parse_mesh_spec_json(std::string_view text);
+Result<MeshSpec> parse_mesh_spec_pairs(std::string_view text);
+// key=value form of the axes that are set, then replicas when not 1;
+// parse_mesh_spec reads it back to the same spec.
+std::string format_mesh_spec(const MeshSpec& spec);
+
+// The sizes for `devices` devices: unset axes 1, data the rest. Errors when
+// the sizes do not multiply to the device count.
+Result<MeshShape> resolve_shape(const MeshSpec& spec, int devices);
+
+struct Device {
+  int id = 0;           // what the mesh lists (a GPU index, a global device id)
+  int process = 0;      // the process that owns it
+  std::string granule;  // host or NVLink domain; the same for all in a CPU pool
+};
+
+struct DeviceGraph {
+  std::vector<Device> devices;
+  // n x n link bandwidth in GB/s between devices[i] and devices[j],
+  // row-major [i * n + j]; the diagonal is not read.
+  std::vector<double> bandwidth;
+};
+
+// P processes of D devices on one machine (the seed's rehearsal pool): ids
+// 0..P*D-1 process by process, one shared granule, equal links.
+DeviceGraph cpu_pool(int processes, int devices_per_process);
+
+// Per axis in MESH_AXES order, the smallest link bandwidth between two
+// devices of one group of that axis; +infinity for an axis of size 1.
+struct Score {
+  std::array<double, kAxisCount> bottleneck{};
+};
+// Axis by axis from the innermost (sequence, tensor, expert, fsdp, stage,
+// data), higher is better: <0 when a is worse than b, 0 equal, >0 better.
+int compare_scores(const Score& a, const Score& b);
+
+// The score of filling `shape` row-major with matrix indices `order`
+// (order[k] = the device index at flat position k) over an n x n matrix.
+// Needs: bandwidth.size() == n * n, product(shape) == order.size(), every
+// index below n (build_mesh checks its graph before calling).
+Score score_layout(std::span<const double> bandwidth, int n, const MeshShape& shape, std::span<const int> order);
+
+// Exact up to this many devices in a granule; a heuristic above.
+inline constexpr int kExactPlacementLimit = 16;
+
+struct Placement {
+  std::vector<int> order;  // order[k] = the device index at flat position k
+  bool exact = false;      // proven best; else the heuristic's (never worse than id order)
+};
+
+// The best order of n devices (n x n matrix of finite values) for `shape`
+// (product n): the highest score; among equal scores, the lexicographically
+// smallest order, so equal links keep the id order and every process
+// computes the same result. Exact up to kExactPlacementLimit devices.
+Placement place(std::span<const double> bandwidth, int n, const MeshShape& shape);
+
+enum class Layout {
+  kExplicit,   // the caller's device order
+  kPlacement,  // replicas = 1: granules in id order, each in the placed order
+  kHybrid,     // replicas > 1: data across replica groups, fsdp across granules
+};
+std::string_view layout_name(Layout layout);
+
+struct AxisGroups {
+  // Each group's device ids along the axis; groups in row-major order of the
+  // other axes' coordinates.
+  std::vector<std::vector<int>> devices;
+  // The processes each group's devices sit on: sorted, each once (the
+  // seed's pool.json "fsdp_groups").
+  std::vector<std::vector<int>> processes;
+};
+
+struct Mesh {
+  MeshShape shape{};
+  int replicas = 1;
+  Layout layout = Layout::kPlacement;
+  std::vector<int> devices;    // device ids, row-major over shape
+  std::vector<int> processes;  // the process of each entry of devices
+  std::array<AxisGroups, kAxisCount> groups;
+  // Granules in mesh order, with the block of the mesh one granule holds.
+  std::vector<std::string> granules;
+  MeshShape granule_shape{};
+  bool exact = true;               // the local order is proven best (or given)
+  Score score;                     // of this mesh
+  Score id_order_score;            // of the same shape filled with ids in increasing order
+  std::vector<std::string> notes;  // what the layout could not do, said once each
+};
+
+// An explicit `order` of device ids fills the mesh as given (replicas must be
+// 1); otherwise replicas = 1 places each granule's devices and replicas > 1
+// builds the hybrid mesh of JAX's create_hybrid_device_mesh.
+Result<Mesh> build_mesh(const MeshSpec& spec, const DeviceGraph& graph,
+                        const std::optional<std::vector<int>>& order = std::nullopt);
+
+// The mesh for programs: axes, shape, devices, "<axis>_groups" (processes,
+// as the seed's pool.json), "<axis>_group_devices", scores (GB/s, null for
+// size-1 axes), granules and notes.
+std::string mesh_to_json(const Mesh& mesh);
+
+}  // namespace dew::mesh
