@@ -27,17 +27,11 @@ using dew::mesh::MeshShape;
 using dew::mesh::Score;
 using Matrix = std::vector<double>;
 
-Matrix from_function(int n, const std::function<double(int, int)>& link) {
-  Matrix m(static_cast<std::size_t>(n) * n, 0.0);
-  for (int i = 0; i < n; ++i) {
-    for (int j = 0; j < n; ++j) m[i * n + j] = i == j ? 0.0 : link(i, j);
-  }
-  return m;
-}
+using dew::mesh::bandwidth_matrix;
 
 Matrix random_matrix(int n, unsigned seed, unsigned levels) {
   std::mt19937 rng(seed);
-  Matrix m = from_function(n, [&](int, int) { return 1.0 + static_cast<double>(rng() % levels); });
+  Matrix m = bandwidth_matrix(n, [&](int, int) { return 1.0 + static_cast<double>(rng() % levels); });
   for (int i = 0; i < n; ++i) {
     for (int j = 0; j < i; ++j) m[i * n + j] = m[j * n + i];
   }
@@ -49,7 +43,7 @@ Matrix hidden_quads(int n) {
   std::vector<int> label(n);
   std::iota(label.begin(), label.end(), 0);
   std::shuffle(label.begin(), label.end(), std::mt19937(11));
-  return from_function(n, [&](int i, int j) {
+  return bandwidth_matrix(n, [&](int i, int j) {
     if (label[i] / 4 == label[j] / 4) return 900.0;
     return label[i] / 8 == label[j] / 8 ? 450.0 : 100.0;
   });
@@ -180,7 +174,7 @@ int main(int argc, char** argv) {
       {"random 8 (1000 levels, seed 1)", random_matrix(8, 1, 1000), 8},
       {"random 16 (2 levels, seed 1)", random_matrix(16, 1, 2), 16},
       {"random 16 (1000 levels, seed 2)", random_matrix(16, 2, 1000), 16},
-      {"NVL72 equal links", from_function(72, [](int, int) { return 900.0; }), 72},
+      {"NVL72 equal links", bandwidth_matrix(72, [](int, int) { return 900.0; }), 72},
       {"NVL72 hidden quads", hidden_quads(72), 72},
       {"random 72 (1000 levels, seed 3)", random_matrix(72, 3, 1000), 72},
   };

@@ -223,12 +223,23 @@ void fill_groups(Mesh& mesh, const DeviceGraph& graph, const std::vector<int>& i
 
 }  // namespace
 
+std::vector<double> bandwidth_matrix(int n, const std::function<double(int, int)>& link) {
+  const auto size = static_cast<std::size_t>(std::max(0, n));
+  std::vector<double> matrix(size * size, 0.0);
+  for (std::size_t i = 0; i < size; ++i) {
+    for (std::size_t j = 0; j < size; ++j) {
+      if (i != j) matrix[i * size + j] = link(static_cast<int>(i), static_cast<int>(j));
+    }
+  }
+  return matrix;
+}
+
 DeviceGraph cpu_pool(int processes, int devices_per_process) {
   DeviceGraph graph;
   const int n = std::max(0, processes) * std::max(0, devices_per_process);
   for (int d = 0; d < n; ++d) graph.devices.push_back({d, d / devices_per_process, "cpu"});
   // Equal links: host memory joins every pair, so no order is better.
-  graph.bandwidth.assign(static_cast<std::size_t>(n) * n, 1.0);
+  graph.bandwidth = bandwidth_matrix(n, [](int, int) { return 1.0; });
   return graph;
 }
 

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -63,6 +64,10 @@ struct DeviceGraph {
   // row-major [i * n + j]; the diagonal is not read.
   std::vector<double> bandwidth;
 };
+
+// An n x n bandwidth matrix with link(i, j) off the diagonal and 0 on it:
+// for graphs given by a rule (a CPU pool, NVLink pairs, tests, benchmarks).
+std::vector<double> bandwidth_matrix(int n, const std::function<double(int, int)>& link);
 
 // P processes of D devices on one machine (the seed's rehearsal pool): ids
 // 0..P*D-1 process by process, one shared granule, equal links.

@@ -17,46 +17,43 @@
 #include <set>
 #include <string>
 
+#include "fuzz_check.h"
 #include "mesh.h"
 
 namespace {
 
 using namespace dew::mesh;
 
-void check(bool condition) {
-  if (!condition) std::abort();
-}
-
 void check_message(const dew::Error& error) {
-  check(!error.message.empty());
-  for (const char c : error.message) check(static_cast<unsigned char>(c) >= 0x20);
+  FUZZ_CHECK(!error.message.empty());
+  for (const char c : error.message) FUZZ_CHECK(static_cast<unsigned char>(c) >= 0x20);
 }
 
 void check_mesh(const Mesh& mesh, const DeviceGraph& graph, const std::vector<int>& expected_ids) {
   const auto n = static_cast<int>(mesh.devices.size());
   int product = 1;
   for (const int size : mesh.shape) {
-    check(size >= 1);
+    FUZZ_CHECK(size >= 1);
     product *= size;
   }
-  check(product == n);
+  FUZZ_CHECK(product == n);
   std::vector<int> sorted = mesh.devices;
   std::sort(sorted.begin(), sorted.end());
-  check(sorted == expected_ids);
-  check(mesh.processes.size() == mesh.devices.size());
+  FUZZ_CHECK(sorted == expected_ids);
+  FUZZ_CHECK(mesh.processes.size() == mesh.devices.size());
   for (int a = 0; a < kAxisCount; ++a) {
     const AxisGroups& groups = mesh.groups[a];
-    check(static_cast<int>(groups.devices.size()) == n / mesh.shape[a]);
-    check(groups.processes.size() == groups.devices.size());
+    FUZZ_CHECK(static_cast<int>(groups.devices.size()) == n / mesh.shape[a]);
+    FUZZ_CHECK(groups.processes.size() == groups.devices.size());
     std::vector<int> covered;
     for (std::size_t g = 0; g < groups.devices.size(); ++g) {
-      check(static_cast<int>(groups.devices[g].size()) == mesh.shape[a]);
+      FUZZ_CHECK(static_cast<int>(groups.devices[g].size()) == mesh.shape[a]);
       std::set<int> processes;
       for (const int id : groups.devices[g]) {
         covered.push_back(id);
         processes.insert(graph.devices[static_cast<std::size_t>(id)].process);  // ids are indices here
       }
-      check(std::vector<int>(processes.begin(), processes.end()) == groups.processes[g]);
+      FUZZ_CHECK(std::vector<int>(processes.begin(), processes.end()) == groups.processes[g]);
       // Hybrid: stage, expert, tensor and sequence stay inside one granule
       // (a process, in these pools, when all share one).
       const bool inner = a == static_cast<int>(Axis::kStage) || a >= static_cast<int>(Axis::kExpert);
@@ -66,14 +63,14 @@ void check_mesh(const Mesh& mesh, const DeviceGraph& graph, const std::vector<in
           const Device& device = graph.devices[static_cast<std::size_t>(id)];
           granules.insert(device.granule == "cpu" ? std::to_string(device.process) : device.granule);
         }
-        check(granules.size() == 1);
+        FUZZ_CHECK(granules.size() == 1);
       }
     }
     std::sort(covered.begin(), covered.end());
-    check(covered == sorted);
+    FUZZ_CHECK(covered == sorted);
   }
   if (mesh.layout == Layout::kPlacement && mesh.granules.size() == 1) {
-    check(compare_scores(mesh.score, mesh.id_order_score) >= 0);
+    FUZZ_CHECK(compare_scores(mesh.score, mesh.id_order_score) >= 0);
   }
 }
 
@@ -91,11 +88,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     check_message(spec.error());
     return 0;
   }
-  for (const auto& axis : spec.value().sizes) check(!axis || (*axis >= 1 && *axis <= (1 << 20)));
-  check(spec.value().replicas >= 1 && spec.value().replicas <= (1 << 20));
+  for (const auto& axis : spec.value().sizes) FUZZ_CHECK(!axis || (*axis >= 1 && *axis <= (1 << 20)));
+  FUZZ_CHECK(spec.value().replicas >= 1 && spec.value().replicas <= (1 << 20));
   auto again = parse_mesh_spec(format_mesh_spec(spec.value()));
-  check(again.ok());
-  check(again.value().sizes == spec.value().sizes && again.value().replicas == spec.value().replicas);
+  FUZZ_CHECK(again.ok());
+  FUZZ_CHECK(again.value().sizes == spec.value().sizes && again.value().replicas == spec.value().replicas);
 
   DeviceGraph graph = cpu_pool(processes, per_process);
   const int n = processes * per_process;
@@ -104,9 +101,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     int product = 1;
     for (int a = 0; a < kAxisCount; ++a) {
       product *= shape.value()[a];
-      if (spec.value().sizes[a]) check(shape.value()[a] == *spec.value().sizes[a]);
+      if (spec.value().sizes[a]) FUZZ_CHECK(shape.value()[a] == *spec.value().sizes[a]);
     }
-    check(product == n);
+    FUZZ_CHECK(product == n);
   } else {
     check_message(shape.error());
   }

@@ -22,19 +22,13 @@
 #include <vector>
 
 #include "pool_plan.h"
+#include "fuzz_check.h"
 
 namespace dew::spank {
 namespace {
 
 // ------------------------------------------------------------ plumbing ---
 
-#define FUZZ_CHECK(condition)                                                              \
-  do {                                                                                     \
-    if (!(condition)) {                                                                    \
-      std::fprintf(stderr, "invariant violated at %s:%d: %s\n", __FILE__, __LINE__, #condition); \
-      __builtin_trap();                                                                    \
-    }                                                                                      \
-  } while (false)
 
 constexpr std::int64_t kLongestWatchdogSeconds = 24 * 365 * 3600;
 

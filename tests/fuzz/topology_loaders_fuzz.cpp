@@ -11,16 +11,10 @@
 #include <string_view>
 
 #include "topology.h"
+#include "fuzz_check.h"
 
 namespace {
 
-#define FUZZ_CHECK(condition)                                                                   \
-  do {                                                                                          \
-    if (!(condition)) {                                                                         \
-      std::fprintf(stderr, "invariant violated at %s:%d: %s\n", __FILE__, __LINE__, #condition); \
-      __builtin_trap();                                                                         \
-    }                                                                                           \
-  } while (false)
 
 using dew::runtime::PathClass;
 using dew::runtime::Topology;

@@ -15,11 +15,8 @@ using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
 TEST(SrunDewPoolGpus, DevicesPerProcessSplitsTheNodesGpus) {
-  auto r = cluster().srun({"--dew-pool", "--dew-devices-per-process=2", "-N2", "-n4", "--ntasks-per-node=2",
-                           "--gpus-per-node=4", "-l", "env"},
-                          {}, 30s);
-  ASSERT_EQ(r.exit_code, 0) << describe(r);
-  auto tasks = task_environments(r.out);
+  auto tasks = srun_task_environments({"--dew-pool", "--dew-devices-per-process=2", "-N2", "-n4", "--ntasks-per-node=2",
+                           "--gpus-per-node=4"});
   ASSERT_EQ(tasks.size(), 4u);
   for (auto& [rank, env] : tasks) {
     SCOPED_TRACE("rank " + std::to_string(rank));
@@ -50,11 +47,8 @@ TEST(SrunDewPoolGpus, PlugstackDevicesPerProcessIsTheDefault) {
 }
 
 TEST(SrunDewPoolGpus, SlurmsPerTaskBindingIsKept) {
-  auto r = cluster().srun({"--dew-pool", "--dew-devices-per-process=2", "-N2", "-n4", "--ntasks-per-node=2",
-                           "--gpus-per-task=1", "-l", "env"},
-                          {}, 30s);
-  ASSERT_EQ(r.exit_code, 0) << describe(r);
-  auto tasks = task_environments(r.out);
+  auto tasks = srun_task_environments({"--dew-pool", "--dew-devices-per-process=2", "-N2", "-n4", "--ntasks-per-node=2",
+                           "--gpus-per-task=1"});
   ASSERT_EQ(tasks.size(), 4u);
   for (auto& [rank, env] : tasks) {
     SCOPED_TRACE("rank " + std::to_string(rank));
@@ -65,10 +59,7 @@ TEST(SrunDewPoolGpus, SlurmsPerTaskBindingIsKept) {
 }
 
 TEST(SrunDewPoolGpus, SlurmsMapGpuBindingIsKept) {
-  auto r = cluster().srun({"--dew-pool", "-N1", "-n2", "--gpus-per-node=4", "--gpu-bind=map_gpu:3,1", "-l", "env"},
-                          {}, 30s);
-  ASSERT_EQ(r.exit_code, 0) << describe(r);
-  auto tasks = task_environments(r.out);
+  auto tasks = srun_task_environments({"--dew-pool", "-N1", "-n2", "--gpus-per-node=4", "--gpu-bind=map_gpu:3,1"});
   ASSERT_EQ(tasks.size(), 2u);
   EXPECT_EQ(tasks[0]["CUDA_VISIBLE_DEVICES"], "3");
   EXPECT_EQ(tasks[1]["CUDA_VISIBLE_DEVICES"], "1");

@@ -27,10 +27,8 @@ const std::vector<std::string> kDewVariables = {
     "DEW_COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS", "DEW_POOL_SECRET", "JAX_LOCAL_DEVICE_IDS"};
 
 TEST(SrunDewPool, EveryTaskOfTwoNodesGetsItsIdentityAndOneCoordinator) {
-  auto r = cluster().srun({"--dew-pool", "-N2", "-n4", "-l", "env"}, {}, 30s);
-  ASSERT_EQ(r.exit_code, 0) << describe(r);
-  auto tasks = task_environments(r.out);
-  ASSERT_EQ(tasks.size(), 4u) << r.out;
+  auto tasks = srun_task_environments({"--dew-pool", "-N2", "-n4"});
+  ASSERT_EQ(tasks.size(), 4u);
 
   const auto job = static_cast<std::uint32_t>(std::stoul(tasks[0]["SLURM_JOB_ID"]));
   const auto step = static_cast<std::uint32_t>(std::stoul(tasks[0]["SLURM_STEP_ID"]));
@@ -76,9 +74,7 @@ TEST(SrunDewPool, SrunHelpListsEveryOption) {
 }
 
 TEST(SrunDewPool, StepWithoutDewPoolIsUntouched) {
-  auto r = cluster().srun({"-N2", "-n2", "-l", "env"}, {{"XLA_FLAGS", "--xla_dump_to=/tmp/x"}}, 30s);
-  ASSERT_EQ(r.exit_code, 0) << describe(r);
-  auto tasks = task_environments(r.out);
+  auto tasks = srun_task_environments({"-N2", "-n2"}, {{"XLA_FLAGS", "--xla_dump_to=/tmp/x"}});
   ASSERT_EQ(tasks.size(), 2u);
   for (auto& [rank, env] : tasks) {
     for (const auto& name : kDewVariables) EXPECT_EQ(env.count(name), 0u) << name << " in rank " << rank;
@@ -168,10 +164,7 @@ TEST(SrunDewPool, PlugstackPortRangeAndWatchdogApply) {
 }
 
 TEST(SrunDewPool, PortAndCoordinatorOptionsOverride) {
-  auto r = cluster().srun({"--dew-pool", "--dew-port=31555", "--dew-coordinator=127.0.0.1", "-N2", "-n2", "-l", "env"},
-                          {}, 30s);
-  ASSERT_EQ(r.exit_code, 0) << describe(r);
-  auto tasks = task_environments(r.out);
+  auto tasks = srun_task_environments({"--dew-pool", "--dew-port=31555", "--dew-coordinator=127.0.0.1", "-N2", "-n2"});
   ASSERT_EQ(tasks.size(), 2u);
   for (auto& [rank, env] : tasks) EXPECT_EQ(env["DEW_COORDINATOR_ADDRESS"], "127.0.0.1:31555");
 }

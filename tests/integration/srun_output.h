@@ -28,6 +28,16 @@ inline std::string describe(const RunResult& r) {
          "--- stderr\n" + r.err;
 }
 
+// Runs `srun ARGS -l env` against the test cluster and returns each task's
+// environment; a failed srun fails the test, with srun's output.
+inline std::map<int, std::map<std::string, std::string>> srun_task_environments(
+    std::vector<std::string> args, std::map<std::string, std::string> env = {}) {
+  args.insert(args.end(), {"-l", "env"});
+  auto r = cluster().srun(args, std::move(env), std::chrono::seconds(30));
+  EXPECT_EQ(r.exit_code, 0) << describe(r);
+  return task_environments(r.out);
+}
+
 inline std::string marker_path(const std::string& name) {
   auto path = cluster().dir() + "/markers/" + name;
   std::filesystem::create_directories(cluster().dir() + "/markers");

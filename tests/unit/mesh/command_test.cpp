@@ -7,24 +7,16 @@
 #include <nlohmann/json.hpp>
 
 #include "process.h"
+#include "test_paths.h"
 
 namespace {
 
 using ::testing::HasSubstr;
 using Groups = std::vector<std::vector<int>>;
 
-std::string dew() {
-  const char* path = std::getenv("DEW_EXE");
-  return path != nullptr ? path : "dew";
-}
-
-std::string fixture(const std::string& name) {
-  const char* root = std::getenv("DEW_SOURCE_ROOT");
-  return std::string(root != nullptr ? root : ".") + "/tests/fixtures/topology/" + name;
-}
 
 dew::testing::RunResult mesh(std::vector<std::string> args) {
-  args.insert(args.begin(), {dew(), "mesh"});
+  args.insert(args.begin(), {dew::testing::dew_exe(), "mesh"});
   return dew::testing::run(args);
 }
 
@@ -54,19 +46,19 @@ TEST(MeshCommandTest, SeedPoolAsText) {
 
 TEST(MeshCommandTest, TopologyFilePutsTensorOnTheNVLinkPairs) {
   // power8: P100 pairs 0-1 and 2-3 over NVLink.
-  const auto power8 = json_of(mesh({"--spec", "tensor=2", "--topology", fixture("power8gpudistances.xml"), "--json"}));
+  const auto power8 = json_of(mesh({"--spec", "tensor=2", "--topology", dew::testing::topology_fixture("power8gpudistances.xml"), "--json"}));
   EXPECT_EQ(power8["tensor_group_devices"].get<Groups>(), (Groups{{0, 1}, {2, 3}}));
   EXPECT_GT(power8["score"]["tensor"].get<double>(), power8["score"]["data"].get<double>());
   // The seed's 3090s: an NV4 pair and a PHB pair; a 2-way sequence axis on both.
   const auto rtx =
-      json_of(mesh({"--spec", "sequence=2", "--topology", fixture("rtx3090-4gpu.nvidia-smi-topo.txt"), "--json"}));
+      json_of(mesh({"--spec", "sequence=2", "--topology", dew::testing::topology_fixture("rtx3090-4gpu.nvidia-smi-topo.txt"), "--json"}));
   EXPECT_EQ(rtx["sequence_group_devices"].get<Groups>(), (Groups{{0, 1}, {2, 3}}));
   EXPECT_EQ(rtx["exact"], true);
 }
 
 TEST(MeshCommandTest, ExplicitDevicesFillAsGiven) {
   const auto json = json_of(
-      mesh({"--spec", "tensor=2", "--topology", fixture("power8gpudistances.xml"), "--devices", "0,2,1,3", "--json"}));
+      mesh({"--spec", "tensor=2", "--topology", dew::testing::topology_fixture("power8gpudistances.xml"), "--devices", "0,2,1,3", "--json"}));
   EXPECT_EQ(json["tensor_group_devices"].get<Groups>(), (Groups{{0, 2}, {1, 3}}));
   EXPECT_EQ(json["layout"], "explicit");
   // Across the pairs: worse than the id order, and the output says so.
@@ -98,19 +90,19 @@ TEST(MeshCommandTest, ErrorsAreOneLineAndExitOne) {
                         "separated by commas, such as 0,2,1,3");
   expect_one_line_error(mesh({"--spec", "{}", "--processes", "2", "--devices-per-process", "2", "--devices", "0,7"}),
                         "dew: mesh: device 7 in the device order is not one of the 4 devices (ids 0 to 3)");
-  const auto missing = mesh({"--spec", "{}", "--topology", fixture("no-such-file.xml")});
+  const auto missing = mesh({"--spec", "{}", "--topology", dew::testing::topology_fixture("no-such-file.xml")});
   EXPECT_EQ(missing.exit_code, 1);
   EXPECT_THAT(missing.err, HasSubstr("no-such-file.xml"));
   EXPECT_EQ(std::count(missing.err.begin(), missing.err.end(), '\n'), 1);
   // A CPU-only file: nothing to lay out, and the message says what to give.
-  expect_one_line_error(mesh({"--spec", "{}", "--topology", fixture("32em64t-2n8c2t-pci-noio.xml")}),
-                        "dew: " + fixture("32em64t-2n8c2t-pci-noio.xml") +
+  expect_one_line_error(mesh({"--spec", "{}", "--topology", dew::testing::topology_fixture("32em64t-2n8c2t-pci-noio.xml")}),
+                        "dew: " + dew::testing::topology_fixture("32em64t-2n8c2t-pci-noio.xml") +
                             " has no GPUs to lay out; give --topology FILE for another machine, or --processes P "
                             "--devices-per-process D for a CPU pool");
 }
 
 TEST(MeshCommandTest, TopologyAndPoolExcludeEachOther) {
-  const auto result = mesh({"--spec", "{}", "--topology", fixture("power8gpudistances.xml"), "--processes", "2",
+  const auto result = mesh({"--spec", "{}", "--topology", dew::testing::topology_fixture("power8gpudistances.xml"), "--processes", "2",
                             "--devices-per-process", "2"});
   EXPECT_NE(result.exit_code, 0);
   EXPECT_THAT(result.err, HasSubstr("excludes"));

@@ -24,26 +24,20 @@ constexpr double kNV1 = 25, kNV2 = 50, kPIX = 24, kPXB = 20, kPHB = 12, kNODE = 
 
 using Matrix = std::vector<double>;
 
-Matrix from_function(int n, const std::function<double(int, int)>& link) {
-  Matrix m(static_cast<std::size_t>(n) * n, 0.0);
-  for (int i = 0; i < n; ++i) {
-    for (int j = 0; j < n; ++j) m[i * n + j] = i == j ? 0.0 : link(i, j);
-  }
-  return m;
-}
+using dew::mesh::bandwidth_matrix;
 
 Matrix uniform(int n, double value) {
-  return from_function(n, [&](int, int) { return value; });
+  return bandwidth_matrix(n, [&](int, int) { return value; });
 }
 
 // 4 GPUs, NVLink pairs (0,1) and (2,3) (power8: P100 pairs), SYS between.
 Matrix nvlink_pairs() {
-  return from_function(4, [](int i, int j) { return i / 2 == j / 2 ? 2 * kNV2 : kSYS; });
+  return bandwidth_matrix(4, [](int i, int j) { return i / 2 == j / 2 ? 2 * kNV2 : kSYS; });
 }
 
 // 4x RTX 3090 as in the seed: an NV4 pair, a PHB pair, the two across sockets.
 Matrix rtx3090_box() {
-  return from_function(4, [](int i, int j) {
+  return bandwidth_matrix(4, [](int i, int j) {
     if (i / 2 != j / 2) return kSYS;
     return i < 2 ? 4 * kNV1 : kPHB;
   });
@@ -51,7 +45,7 @@ Matrix rtx3090_box() {
 
 // The K40m-style box: PCIe only, two GPUs under a switch per socket.
 Matrix pcie_box() {
-  return from_function(4, [](int i, int j) { return i / 2 == j / 2 ? kPIX : kSYS; });
+  return bandwidth_matrix(4, [](int i, int j) { return i / 2 == j / 2 ? kPIX : kSYS; });
 }
 
 // DGX-1 (V100): the hybrid cube mesh of NV1 and NV2 links.
@@ -59,7 +53,7 @@ Matrix dgx1() {
   static const int links[8][8] = {{0, 1, 1, 2, 2, 0, 0, 0}, {1, 0, 2, 1, 0, 2, 0, 0}, {1, 2, 0, 2, 0, 0, 1, 0},
                                   {2, 1, 2, 0, 0, 0, 0, 1}, {2, 0, 0, 0, 0, 1, 1, 2}, {0, 2, 0, 0, 1, 0, 2, 1},
                                   {0, 0, 1, 0, 1, 2, 0, 2}, {0, 0, 0, 1, 2, 1, 2, 0}};
-  return from_function(8, [](int i, int j) {
+  return bandwidth_matrix(8, [](int i, int j) {
     if (links[i][j] > 0) return links[i][j] * kNV1;
     return i / 4 == j / 4 ? kNODE : kSYS;
   });
@@ -68,7 +62,7 @@ Matrix dgx1() {
 // p4d.24xlarge without NVLink data: PCIe classes only (PXB pairs under a
 // switch, NODE within a socket, SYS across).
 Matrix p4d_classes() {
-  return from_function(8, [](int i, int j) {
+  return bandwidth_matrix(8, [](int i, int j) {
     if (i / 2 == j / 2) return kPXB;
     return i / 4 == j / 4 ? kNODE : kSYS;
   });
@@ -78,7 +72,7 @@ Matrix p4d_classes() {
 // not), so these matrices are too.
 Matrix random_matrix(int n, unsigned seed, unsigned levels, bool symmetric) {
   std::mt19937 rng(seed);
-  Matrix m = from_function(n, [&](int, int) { return 1.0 + static_cast<double>(rng() % levels); });
+  Matrix m = bandwidth_matrix(n, [&](int, int) { return 1.0 + static_cast<double>(rng() % levels); });
   if (symmetric) {
     for (int i = 0; i < n; ++i) {
       for (int j = 0; j < i; ++j) m[i * n + j] = m[j * n + i];
@@ -88,7 +82,7 @@ Matrix random_matrix(int n, unsigned seed, unsigned levels, bool symmetric) {
 }
 
 Matrix leading(const Matrix& m, int size, int n) {
-  return from_function(n, [&](int i, int j) { return m[i * size + j]; });
+  return bandwidth_matrix(n, [&](int i, int j) { return m[i * size + j]; });
 }
 
 void all_shapes(int left, int axis, MeshShape current, std::vector<MeshShape>& out) {
@@ -235,7 +229,7 @@ TEST(PlacementTest, TwoWaySequenceOrTensorLandsOnTheNVLinkPairs) {
   }
   // Numbered the other way (pairs 0-2 and 1-3), the layout is the seed's
   // hand-written [0, 2, 1, 3].
-  const Matrix swapped = from_function(4, [](int i, int j) { return i % 2 == j % 2 ? 2 * kNV2 : kSYS; });
+  const Matrix swapped = bandwidth_matrix(4, [](int i, int j) { return i % 2 == j % 2 ? 2 * kNV2 : kSYS; });
   EXPECT_EQ(place(swapped, 4, {2, 1, 1, 1, 2, 1}).order, (std::vector<int>{0, 2, 1, 3}));
   // With sequence inside tensor, sequence takes the pairs.
   EXPECT_EQ(place(swapped, 4, {1, 1, 1, 1, 2, 2}).order, (std::vector<int>{0, 2, 1, 3}));
@@ -268,7 +262,7 @@ TEST(PlacementTest, SixteenDevicesFindTheHiddenQuads) {
   std::vector<int> label(16);
   std::iota(label.begin(), label.end(), 0);
   std::shuffle(label.begin(), label.end(), std::mt19937(3));
-  const Matrix m = from_function(16, [&](int i, int j) {
+  const Matrix m = bandwidth_matrix(16, [&](int i, int j) {
     if (label[i] / 4 == label[j] / 4) return 4 * kNV1;
     return label[i] / 8 == label[j] / 8 ? kNODE : kSYS;
   });
@@ -316,7 +310,7 @@ TEST(PlacementTest, Nvl72HeuristicFindsQuadsFastAndNeverLosesToIdOrder) {
   std::iota(label.begin(), label.end(), 0);
   std::shuffle(label.begin(), label.end(), std::mt19937(11));
   // 18 quads at the top speed, pairs of quads a step down, the rest slower.
-  const Matrix m = from_function(n, [&](int i, int j) {
+  const Matrix m = bandwidth_matrix(n, [&](int i, int j) {
     if (label[i] / 4 == label[j] / 4) return 900.0;
     return label[i] / 8 == label[j] / 8 ? 450.0 : 100.0;
   });

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "process.h"
+#include "test_paths.h"
 #include "topology.h"
 
 namespace dew::runtime {
@@ -19,23 +20,14 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-std::string dew() {
-  const char* exe = std::getenv("DEW_EXE");
-  return exe != nullptr ? exe : "dew";
-}
-
-std::string fixture(const std::string& name) {
-  const char* root = std::getenv("DEW_FIXTURES");
-  return std::string(root != nullptr ? root : "tests/fixtures") + "/topology/" + name;
-}
 
 testing::RunResult topo(std::vector<std::string> args) {
-  args.insert(args.begin(), {dew(), "topo"});
+  args.insert(args.begin(), {dew::testing::dew_exe(), "topo"});
   return testing::run(args);
 }
 
 TEST(TopoCommand, Dgx2PrintsTheMatrixLikeNvidiaSmi) {
-  auto result = topo({"--topology", fixture("nvidiaDGX2.xml")});
+  auto result = topo({"--topology", dew::testing::topology_fixture("nvidiaDGX2.xml")});
   ASSERT_EQ(result.exit_code, 0) << result.err;
   EXPECT_EQ(result.err, "");
   EXPECT_THAT(result.out, StartsWith("Topology: hwloc XML v2 (nvidiaDGX2.xml)\nGPUs: 16    NUMA nodes: 2\n"));
@@ -50,7 +42,7 @@ TEST(TopoCommand, Dgx2PrintsTheMatrixLikeNvidiaSmi) {
 }
 
 TEST(TopoCommand, NotesAndAffinityArePrinted) {
-  auto result = topo({"--topology", fixture("aws-p4d-24xl.hwloc.xml")});
+  auto result = topo({"--topology", dew::testing::topology_fixture("aws-p4d-24xl.hwloc.xml")});
   ASSERT_EQ(result.exit_code, 0) << result.err;
   EXPECT_THAT(result.out, HasSubstr("\nGPU0\t X \tPHB\tNODE\tNODE\tSYS\tSYS\tSYS\tSYS\t0-23,48-71\t0\n"));
   EXPECT_THAT(result.out,
@@ -62,9 +54,9 @@ TEST(TopoCommand, ItsOwnOutputReadsBackAsNvidiaSmiText) {
                            "aws-p4d-24xl.hwloc.xml", "dgx1v.nccl-topo.xml", "pcie-workstation.nccl-topo.xml",
                            "rtx3090-4gpu.nvidia-smi-topo.txt"}) {
     SCOPED_TRACE(name);
-    auto result = topo({"--topology", fixture(name)});
+    auto result = topo({"--topology", dew::testing::topology_fixture(name)});
     ASSERT_EQ(result.exit_code, 0) << result.err;
-    auto original = load_topology_file(fixture(name));
+    auto original = load_topology_file(dew::testing::topology_fixture(name));
     auto reread = parse_topology_text(result.out, "dew-topo-output");
     ASSERT_TRUE(original.ok() && reread.ok()) << (reread.ok() ? "" : reread.error().message);
     EXPECT_EQ(reread.value().path, original.value().path);
@@ -78,7 +70,7 @@ TEST(TopoCommand, ItsOwnOutputReadsBackAsNvidiaSmiText) {
 }
 
 TEST(TopoCommand, JsonHasTheSameTopologyForPrograms) {
-  auto result = topo({"--topology", fixture("power8gpudistances.xml"), "--json"});
+  auto result = topo({"--topology", dew::testing::topology_fixture("power8gpudistances.xml"), "--json"});
   ASSERT_EQ(result.exit_code, 0) << result.err;
   const nlohmann::json json = nlohmann::json::parse(result.out);
   EXPECT_EQ(json["source"], "hwloc XML v2 (power8gpudistances.xml)");
@@ -95,7 +87,7 @@ TEST(TopoCommand, JsonHasTheSameTopologyForPrograms) {
 }
 
 TEST(TopoCommand, JsonOfACpuOnlyFileHasNoGpusAndItsNumaNodes) {
-  auto result = topo({"--topology", fixture("16amd64-8n2c-cpusets.xml"), "--json"});
+  auto result = topo({"--topology", dew::testing::topology_fixture("16amd64-8n2c-cpusets.xml"), "--json"});
   ASSERT_EQ(result.exit_code, 0) << result.err;
   const nlohmann::json json = nlohmann::json::parse(result.out);
   EXPECT_TRUE(json["gpus"].empty());

@@ -1,0 +1,23 @@
+// Where the tests find what they run and read: meson passes the paths in
+// the environment (DEW_EXE, DEW_FIXTURES); the fallbacks serve a test run by
+// hand from the source root.
+#pragma once
+
+#include <cstdlib>
+#include <string>
+
+namespace dew::testing {
+
+// The built `dew` command.
+inline std::string dew_exe() {
+  const char* path = std::getenv("DEW_EXE");
+  return path != nullptr ? path : "dew";
+}
+
+// A file under tests/fixtures/topology/.
+inline std::string topology_fixture(const std::string& name) {
+  const char* root = std::getenv("DEW_FIXTURES");
+  return std::string(root != nullptr ? root : "tests/fixtures") + "/topology/" + name;
+}
+
+}  // namespace dew::testing
