@@ -4,9 +4,9 @@
 namespace dew::spank {
 
 // Each job owns a block of kStepsPerJob consecutive ports, so on a node shared
-// by several jobs their first steps do not meet unless the job ids differ by a
-// multiple of range/kStepsPerJob; within one job, steps s and s' share a port
-// only when they differ by a multiple of the range size.
+// by several jobs, step s of two jobs meets only when the job ids differ by a
+// multiple of range / gcd(kStepsPerJob, range); within one job, steps s and
+// s' share a port only when they differ by a multiple of the range size.
 inline constexpr std::uint64_t kStepsPerJob = 32;
 
 std::uint16_t derive_port(std::uint32_t job_id, std::uint32_t step_id, PortRange range) {
