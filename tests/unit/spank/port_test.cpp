@@ -45,5 +45,13 @@ TEST(DerivePort, DependsOnJobAndStep) {
   EXPECT_EQ(first_steps.size(), 800u);
 }
 
+TEST(DerivePort, SameStepOfTwoJobsMeetsOnlyEvery625JobsInTheDefaultRange) {
+  const PortRange range{20000, 29999};
+  for (std::uint32_t gap = 1; gap < 625; ++gap) {
+    EXPECT_NE(derive_port(5000, 0, range), derive_port(5000 + gap, 0, range)) << gap;
+  }
+  EXPECT_EQ(derive_port(5000, 0, range), derive_port(5625, 0, range)) << "the README's stated period";
+}
+
 }  // namespace
 }  // namespace dew::spank
