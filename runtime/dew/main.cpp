@@ -9,6 +9,13 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("dew ") + DEW_VERSION);
   dew::cli::add_topo_command(app);
   dew::cli::add_mesh_command(app);
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // Help and version are 0 and a subcommand's own failure is 1 (its line
+    // is already printed); every usage error is 2, whatever CLI11 numbers it.
+    const int code = app.exit(e);
+    return code == 0 || code == 1 ? code : 2;
+  }
   return 0;
 }
