@@ -1,0 +1,149 @@
+#include "wire.h"
+
+#include <array>
+
+namespace dew::runtime::wire {
+namespace {
+
+void put_u32(std::string& out, std::uint32_t value) {
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    out.push_back(static_cast<char>((value >> shift) & 0xffU));
+  }
+}
+
+std::uint32_t get_u32(std::string_view bytes, std::size_t at) {
+  std::uint32_t value = 0;
+  for (std::size_t i = 0; i < 4; ++i) {
+    value = (value << 8) | static_cast<unsigned char>(bytes[at + i]);
+  }
+  return value;
+}
+
+struct Shape {
+  std::string_view name;
+  std::size_t min_items;
+  std::size_t max_items;  // SIZE_MAX: no upper bound
+};
+
+constexpr std::size_t kAny = static_cast<std::size_t>(-1);
+
+// Indexed by the type byte; entry 0 is no type.
+constexpr std::array<Shape, 18> kShapes = {{
+    {"", 0, 0},
+    {"challenge", 1, 1},
+    {"hello", 4, 4},
+    {"welcome", 1, 1},
+    {"refused", 1, 1},
+    {"put", 2, 2},
+    {"get", 3, 3},
+    {"value", 2, 2},
+    {"not-found", 1, 1},
+    {"agree", 3, 3},
+    {"agreed", 1, 1},
+    {"agree-timeout", 2, 2},
+    {"gather", 4, 4},
+    {"gathered", 2, kAny},
+    {"fail", 2, 2},
+    {"failure", 2, 2},
+    {"heartbeat", 0, 0},
+    {"bye", 0, 0},
+}};
+
+bool known_type(std::uint8_t byte) { return byte >= 1 && byte < kShapes.size(); }
+
+}  // namespace
+
+std::string_view type_name(Type type) {
+  const auto byte = static_cast<std::uint8_t>(type);
+  return known_type(byte) ? kShapes[byte].name : std::string_view("unknown");
+}
+
+bool item_count_allowed(Type type, std::size_t count) {
+  const auto byte = static_cast<std::uint8_t>(type);
+  if (!known_type(byte)) return false;
+  const Shape& shape = kShapes[byte];
+  return count >= shape.min_items && (shape.max_items == kAny || count <= shape.max_items);
+}
+
+std::string encode(const Frame& frame) {
+  std::size_t body = 1;
+  for (const auto& item : frame.items) body += 4 + item.size();
+  std::string out;
+  out.reserve(kHeaderBytes + body);
+  put_u32(out, static_cast<std::uint32_t>(body));
+  out.push_back(static_cast<char>(frame.type));
+  for (const auto& item : frame.items) {
+    put_u32(out, static_cast<std::uint32_t>(item.size()));
+    out += item;
+  }
+  return out;
+}
+
+std::string encode_u64(std::uint64_t value) {
+  std::string out;
+  for (int shift = 56; shift >= 0; shift -= 8) {
+    out.push_back(static_cast<char>((value >> shift) & 0xffU));
+  }
+  return out;
+}
+
+std::optional<std::uint64_t> decode_u64(std::string_view item) {
+  if (item.size() != 8) return std::nullopt;
+  std::uint64_t value = 0;
+  for (char c : item) value = (value << 8) | static_cast<unsigned char>(c);
+  return value;
+}
+
+Decoded decode(std::string_view buffer, std::size_t max_frame_bytes) {
+  Decoded result;
+  if (buffer.size() < kHeaderBytes) return result;
+  const std::size_t length = get_u32(buffer, 0);
+  auto bad = [&](std::string error) {
+    result.status = DecodeStatus::kBad;
+    result.error = std::move(error);
+    return result;
+  };
+  if (length == 0) return bad("empty frame (length 0; a frame holds at least its type byte)");
+  if (length > max_frame_bytes) {
+    return bad("frame of " + std::to_string(length) + " bytes is over the limit of " +
+               std::to_string(max_frame_bytes));
+  }
+  // The type is checked before the whole frame arrives, so garbage is refused
+  // at its first bytes rather than after waiting for a length it made up.
+  if (buffer.size() < kHeaderBytes + 1) return result;
+  const auto type_byte = static_cast<std::uint8_t>(buffer[kHeaderBytes]);
+  if (!known_type(type_byte)) {
+    return bad("unknown frame type " + std::to_string(type_byte) + " (allowed: 1-" +
+               std::to_string(kShapes.size() - 1) + ")");
+  }
+  if (buffer.size() - kHeaderBytes < length) return result;
+
+  const std::string_view body = buffer.substr(kHeaderBytes, length);
+  Frame frame;
+  frame.type = static_cast<Type>(type_byte);
+  std::size_t at = 1;
+  while (at < body.size()) {
+    if (body.size() - at < 4) return bad("truncated item length in a " + std::string(type_name(frame.type)) + " frame");
+    const std::size_t item_length = get_u32(body, at);
+    at += 4;
+    if (item_length > body.size() - at) {
+      return bad("item of " + std::to_string(item_length) + " bytes overruns its " +
+                 std::string(type_name(frame.type)) + " frame");
+    }
+    frame.items.emplace_back(body.substr(at, item_length));
+    at += item_length;
+  }
+  if (!item_count_allowed(frame.type, frame.items.size())) {
+    return bad(std::string(type_name(frame.type)) + " frame with " + std::to_string(frame.items.size()) +
+               " items (allowed: " + std::to_string(kShapes[type_byte].min_items) +
+               (kShapes[type_byte].max_items == kAny ? " or more" :
+                kShapes[type_byte].max_items == kShapes[type_byte].min_items ? "" :
+                "-" + std::to_string(kShapes[type_byte].max_items)) + ")");
+  }
+  result.status = DecodeStatus::kFrame;
+  result.frame = std::move(frame);
+  result.consumed = kHeaderBytes + length;
+  return result;
+}
+
+}  // namespace dew::runtime::wire

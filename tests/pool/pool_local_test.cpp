@@ -1,0 +1,344 @@
+// Real pools of real processes on localhost over the TCP coordination
+// service: what a user sees when ranks exchange, fail, crash, stall, vanish,
+// or when a stranger knocks on the coordinator's port.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <memory>
+
+#include "auth.h"
+#include "process.h"
+#include "wire.h"
+
+namespace {
+
+using dew::testing::Spawned;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using namespace std::chrono_literals;
+
+std::string worker() {
+  const char* path = std::getenv("DEW_POOL_WORKER");
+  return path ? path : "pool_worker";
+}
+
+std::uint16_t free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
+  socklen_t length = sizeof address;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  close(fd);
+  return ntohs(address.sin_port);
+}
+
+const std::string kSecret = "5f0c3a0e8d2b4f6a9c1e7d3b5a8f2c4e6b9d1a3c5e7f9b2d4a6c8e0f1a3b5c7d";
+
+// A pool of `size` pool_workers started the way srun --dew-pool and dew
+// launch start them: DEW_* variables only.
+struct LocalPool {
+  LocalPool(int size, const std::vector<std::string>& args, std::map<std::string, std::string> extra = {},
+            std::map<int, std::map<std::string, std::string>> per_rank = {})
+      : port(free_port()) {
+    for (int rank = 0; rank < size; ++rank) {
+      auto env = extra;
+      env["DEW_PROCESS_ID"] = std::to_string(rank);
+      env["DEW_PROCESS_COUNT"] = std::to_string(size);
+      env["DEW_COORDINATOR_ADDRESS"] = "127.0.0.1:" + std::to_string(port);
+      env["DEW_POOL_SECRET"] = kSecret;
+      for (const auto& [name, value] : per_rank[rank]) env[name] = value;
+      std::vector<std::string> argv = {worker()};
+      argv.insert(argv.end(), args.begin(), args.end());
+      ranks.push_back(std::make_unique<Spawned>(argv, env));
+    }
+  }
+  // Every exit code, waiting at most `timeout` in all.
+  std::vector<int> wait_all(std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    std::vector<int> codes;
+    for (auto& rank : ranks) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      codes.push_back(rank->wait(std::max(left, 0ms)));
+    }
+    return codes;
+  }
+  std::string all_output() const {
+    std::string text;
+    for (const auto& rank : ranks) text += rank->out() + rank->err();
+    return text;
+  }
+  std::string describe() const {
+    std::string text;
+    for (std::size_t r = 0; r < ranks.size(); ++r) {
+      text += "--- rank " + std::to_string(r) + " stdout:\n" + ranks[r]->out() + "--- stderr:\n" + ranks[r]->err();
+    }
+    return text;
+  }
+  std::uint16_t port;
+  std::vector<std::unique_ptr<Spawned>> ranks;
+};
+
+int count(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (auto at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+TEST(LocalPool, FourProcessesPutGetGatherAndAgree) {
+  LocalPool pool(4, {"exchange"});
+  const auto codes = pool.wait_all(30s);
+  ASSERT_EQ(codes, std::vector<int>({0, 0, 0, 0})) << pool.describe();
+  for (int r = 0; r < 4; ++r) {
+    const auto& rank = *pool.ranks[static_cast<std::size_t>(r)];
+    EXPECT_THAT(rank.out(), HasSubstr("RESULT rank=" + std::to_string(r) + " size=4 source=dew backend=tcp"));
+    EXPECT_THAT(rank.out(), HasSubstr("gets=hello from 0|hello from 1|hello from 2|hello from 3"));
+    EXPECT_THAT(rank.out(), HasSubstr("gather=rank 0|rank 1|rank 2|rank 3"));
+    EXPECT_THAT(rank.out(), HasSubstr("squares=0,1,4,9"));
+    EXPECT_THAT(rank.err(), HasSubstr("[" + std::to_string(r) + "] Joined the pool: process " + std::to_string(r) +
+                                      " of 4 (dew, tcp)"));
+  }
+}
+
+TEST(LocalPool, ARankThatThrowsEndsEveryProcessWithinFiveSeconds) {
+  LocalPool pool(4, {"throw", "2"});
+  const auto codes = pool.wait_all(20s);
+  EXPECT_EQ(codes, std::vector<int>({75, 75, 1, 75})) << pool.describe();
+  double first = 1e9, last = 0;
+  for (auto& rank : pool.ranks) {
+    first = std::min(first, rank->seconds());
+    last = std::max(last, rank->seconds());
+  }
+  EXPECT_LT(last - first, 5.0) << pool.describe();
+  // Rank 2's error: printed once, with its rank.
+  EXPECT_EQ(count(pool.all_output(), "[2] error: uncaught exception: boom from rank 2"), 1) << pool.describe();
+  for (int r : {0, 1, 3}) {
+    EXPECT_THAT(pool.ranks[static_cast<std::size_t>(r)]->err(),
+                HasSubstr("[" + std::to_string(r) + "] ending: process 2 failed: uncaught exception: boom from rank 2"));
+  }
+}
+
+TEST(LocalPool, FailExitsWithItsOwnCodeAndPeersWithTheDocumentedOne) {
+  LocalPool pool(4, {"fail", "1", "7"});
+  EXPECT_EQ(pool.wait_all(20s), std::vector<int>({75, 7, 75, 75})) << pool.describe();
+  EXPECT_EQ(count(pool.all_output(), "[1] error: data loader raised on rank 1"), 1);
+  EXPECT_THAT(pool.ranks[0]->err(), HasSubstr("[0] ending: process 1 failed: data loader raised on rank 1"));
+}
+
+TEST(LocalPool, AFatalSignalIsPublishedThenReRaised) {
+  LocalPool pool(4, {"crash", "3"});
+  EXPECT_EQ(pool.wait_all(20s), std::vector<int>({75, 75, 75, 128 + SIGSEGV})) << pool.describe();
+  EXPECT_THAT(pool.ranks[3]->err(), HasSubstr("[3] error: fatal signal SEGV"));
+  EXPECT_THAT(pool.ranks[1]->err(), HasSubstr("[1] ending: process 3 failed: fatal signal SEGV"));
+}
+
+TEST(LocalPool, ProcessZeroFailingStillReachesEveryPeer) {
+  LocalPool pool(4, {"throw", "0"});
+  EXPECT_EQ(pool.wait_all(20s), std::vector<int>({1, 75, 75, 75})) << pool.describe();
+  EXPECT_THAT(pool.ranks[2]->err(), HasSubstr("[2] ending: process 0 failed: uncaught exception: boom from rank 0"));
+}
+
+TEST(LocalPool, AKilledRankIsNoticedWithinTheHeartbeatTimeout) {
+  LocalPool pool(4, {"steps"}, {{"DEW_HEARTBEAT_TIMEOUT_SECONDS", "2"}});
+  ASSERT_TRUE(pool.ranks[0]->wait_for_output("READY", 20s)) << pool.describe();
+  pool.ranks[2]->signal(SIGKILL);
+  const auto codes = pool.wait_all(4s);
+  EXPECT_EQ(codes, std::vector<int>({75, 75, 128 + SIGKILL, 75})) << pool.describe();
+  EXPECT_THAT(pool.ranks[3]->err(), HasSubstr("[3] ending: process 2 failed: process 2 lost its connection"));
+}
+
+TEST(LocalPool, AFrozenRankIsFoundByHeartbeats) {
+  // SIGSTOP keeps rank 2's connection open but silent: only heartbeats tell.
+  LocalPool pool(4, {"steps"}, {{"DEW_HEARTBEAT_TIMEOUT_SECONDS", "1"}});
+  ASSERT_TRUE(pool.ranks[0]->wait_for_output("READY", 20s)) << pool.describe();
+  pool.ranks[2]->signal(SIGSTOP);
+  const auto stopped = std::chrono::steady_clock::now();
+  for (int r : {0, 1, 3}) EXPECT_EQ(pool.ranks[static_cast<std::size_t>(r)]->wait(5s), 75) << pool.describe();
+  const double noticed = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count();
+  EXPECT_LT(noticed, 3.0);
+  EXPECT_THAT(pool.ranks[1]->err(), HasSubstr("process 2 stopped answering: no heartbeat for 1 s"));
+  pool.ranks[2]->signal(SIGKILL);
+}
+
+TEST(LocalPool, AStalledRankIsNamedWhenTheAgreementRunsOutOfPatience) {
+  LocalPool pool(4, {"stall", "2", "15"}, {{"DEW_FAILURE_GRACE_SECONDS", "1"}});
+  const auto codes = pool.wait_all(10s);
+  for (int code : codes) EXPECT_NE(code, -1) << "a rank was still running after 10 s\n" << pool.describe();
+  EXPECT_EQ(codes[2], 75) << pool.describe();
+  EXPECT_THAT(pool.all_output(), HasSubstr("agreement 'checkpoint' ran out of patience after 2 s: process 2 never arrived"));
+  EXPECT_THAT(pool.all_output(), Not(HasSubstr("AGREED")));
+}
+
+TEST(LocalPool, TheOthersEndWhenProcessZeroDies) {
+  LocalPool pool(4, {"steps"});
+  ASSERT_TRUE(pool.ranks[0]->wait_for_output("READY", 20s)) << pool.describe();
+  pool.ranks[0]->signal(SIGKILL);
+  EXPECT_EQ(pool.wait_all(5s), std::vector<int>({128 + SIGKILL, 75, 75, 75})) << pool.describe();
+  EXPECT_THAT(pool.ranks[1]->err(), HasSubstr("[1] ending: process 0 failed: lost the coordination service on process 0"));
+}
+
+// A raw TCP peer speaking (or not) the service's protocol.
+class RawClient {
+ public:
+  explicit RawClient(std::uint16_t port) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    address.sin_port = htons(port);
+    connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
+    timeval timeout{5, 0};
+    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  }
+  ~RawClient() { close(fd_); }
+  bool connected() const { return connected_; }
+  void send_bytes(const std::string& bytes) { [[maybe_unused]] auto n = ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL); }
+  // Reads until the service closes (or 5 s pass); true if it closed.
+  bool read_until_closed(std::string& got) {
+    char buffer[4096];
+    for (;;) {
+      const ssize_t n = recv(fd_, buffer, sizeof buffer, 0);
+      if (n == 0) return true;
+      if (n < 0) return errno == ECONNRESET;
+      got.append(buffer, static_cast<std::size_t>(n));
+    }
+  }
+  std::optional<dew::runtime::wire::Frame> read_frame() {
+    std::string buffer;
+    char chunk[4096];
+    for (;;) {
+      auto decoded = dew::runtime::wire::decode(buffer, dew::runtime::wire::kMaxFrameBytes);
+      if (decoded.status == dew::runtime::wire::DecodeStatus::kFrame) return decoded.frame;
+      if (decoded.status == dew::runtime::wire::DecodeStatus::kBad) return std::nullopt;
+      const ssize_t n = recv(fd_, chunk, sizeof chunk, 0);
+      if (n <= 0) return std::nullopt;
+      buffer.append(chunk, static_cast<std::size_t>(n));
+    }
+  }
+
+ private:
+  int fd_ = -1;
+  bool connected_ = false;
+};
+
+TEST(LocalPool, StrangersAreRefusedAndThePoolGoesOn) {
+  namespace wire = dew::runtime::wire;
+  ASSERT_TRUE(dew::runtime::auth::ready());
+  LocalPool pool(4, {"hold", "3"});
+  ASSERT_TRUE(pool.ranks[0]->wait_for_output("READY", 20s)) << pool.describe();
+
+  {  // A client with a wrong MAC: refused with the reason, then closed.
+    RawClient client(pool.port);
+    ASSERT_TRUE(client.connected());
+    auto challenge = client.read_frame();
+    ASSERT_TRUE(challenge && challenge->type == wire::Type::kChallenge);
+    const std::string nonce = dew::runtime::auth::random_nonce();
+    client.send_bytes(wire::encode({wire::Type::kHello,
+                                    {wire::encode_u64(1), wire::encode_u64(4), nonce,
+                                     dew::runtime::auth::hello_mac("not the secret", challenge->items[0], 1, 4)}}));
+    auto answer = client.read_frame();
+    ASSERT_TRUE(answer.has_value());
+    EXPECT_EQ(answer->type, wire::Type::kRefused);
+    EXPECT_THAT(answer->items[0], HasSubstr("wrong MAC"));
+    std::string rest;
+    EXPECT_TRUE(client.read_until_closed(rest));
+  }
+  {  // A request before any hello: refused.
+    RawClient client(pool.port);
+    client.read_frame();
+    client.send_bytes(wire::encode({wire::Type::kGet, {wire::encode_u64(1), "greeting.0", wire::encode_u64(10)}}));
+    auto answer = client.read_frame();
+    ASSERT_TRUE(answer.has_value());
+    EXPECT_EQ(answer->type, wire::Type::kRefused);
+  }
+  {  // Garbage: closed.
+    RawClient client(pool.port);
+    client.send_bytes("GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+    std::string got;
+    EXPECT_TRUE(client.read_until_closed(got));
+  }
+  {  // An oversized frame (2 GiB announced): closed without waiting for it.
+    RawClient client(pool.port);
+    client.send_bytes(std::string("\x7f\xff\xff\xff\x05", 5));
+    std::string got;
+    EXPECT_TRUE(client.read_until_closed(got));
+  }
+  {  // Truncated: a frame that stops half-way, then the client hangs up.
+    RawClient client(pool.port);
+    client.send_bytes(std::string("\x00\x00\x00\x40\x05\x00\x00", 7));
+  }
+  // A real process with the wrong secret: refused with a line saying why.
+  Spawned stranger({worker(), "join"}, {{"DEW_PROCESS_ID", "1"}, {"DEW_PROCESS_COUNT", "4"},
+                                        {"DEW_COORDINATOR_ADDRESS", "127.0.0.1:" + std::to_string(pool.port)},
+                                        {"DEW_POOL_SECRET", "0000"}, {"DEW_JOIN_TIMEOUT_SECONDS", "5"}});
+  EXPECT_NE(stranger.wait(20s), 0);
+  EXPECT_THAT(stranger.err(), HasSubstr("refused process 1: wrong MAC"));
+
+  // The pool's own ranks went on working.
+  EXPECT_EQ(pool.wait_all(30s), std::vector<int>({0, 0, 0, 0})) << pool.describe();
+  for (auto& rank : pool.ranks) EXPECT_THAT(rank->out(), HasSubstr("gather=rank 0|rank 1|rank 2|rank 3"));
+  EXPECT_THAT(pool.ranks[0]->err(), HasSubstr("refused a connection from 127.0.0.1"));
+  EXPECT_THAT(pool.ranks[0]->err(), HasSubstr("over the limit"));
+}
+
+TEST(LocalPool, AnUnsharedDirectoryIsRefusedNamingWhoSeesWhat) {
+  const auto base = std::filesystem::temp_directory_path() / ("dew-shared-" + std::to_string(getpid()));
+  for (int r = 0; r < 4; ++r) std::filesystem::create_directories(base / std::to_string(r));
+  std::filesystem::create_directories(base / "one");
+  {
+    LocalPool pool(4, {"shared", (base / "%r").string()});
+    EXPECT_EQ(pool.wait_all(30s), std::vector<int>({3, 3, 3, 3})) << pool.describe();
+    EXPECT_THAT(pool.ranks[0]->out(), HasSubstr("is not one directory shared by all 4 processes"));
+    EXPECT_THAT(pool.ranks[0]->out(), HasSubstr("process 0 sees the tokens of processes 0"));
+    EXPECT_THAT(pool.ranks[0]->out(), HasSubstr("process 3 sees the tokens of processes 3"));
+  }
+  {
+    LocalPool pool(4, {"shared", (base / "one").string()});
+    EXPECT_EQ(pool.wait_all(30s), std::vector<int>({0, 0, 0, 0})) << pool.describe();
+    EXPECT_THAT(pool.ranks[2]->out(), HasSubstr("SHARED ok"));
+    // The tokens are cleaned up.
+    EXPECT_TRUE(std::filesystem::is_empty(base / "one"));
+  }
+  std::filesystem::remove_all(base);
+}
+
+TEST(LocalPool, CompileCacheKeyIsSharedOnlyWhenEveryFingerprintMatches) {
+  {
+    LocalPool pool(4, {"fingerprint"});
+    EXPECT_EQ(pool.wait_all(30s), std::vector<int>({0, 0, 0, 0})) << pool.describe();
+    const auto key = dew::testing::lines_starting_with(pool.ranks[0]->out(), "KEY ");
+    ASSERT_EQ(key.size(), 1u);
+    EXPECT_EQ(key[0].size(), 4u + 64u) << key[0];
+    for (auto& rank : pool.ranks) EXPECT_THAT(rank->out(), HasSubstr(key[0]));
+  }
+  {
+    LocalPool pool(4, {"fingerprint"}, {}, {{2, {{"DEW_ACCELERATOR_FINGERPRINT", "platform=cuda\ngpu.0=H100 sm_90\n"}}}});
+    EXPECT_EQ(pool.wait_all(30s), std::vector<int>({0, 0, 0, 0})) << pool.describe();
+    for (auto& rank : pool.ranks) EXPECT_THAT(rank->out(), HasSubstr("KEY none"));
+    EXPECT_THAT(pool.ranks[0]->err(), HasSubstr("compile cache off"));
+    EXPECT_THAT(pool.ranks[0]->err(), HasSubstr("process 2 differs from process 0: gpu.0=H100 sm_90, platform=cuda"));
+  }
+}
+
+TEST(StepWatchdog, EndsAStepThatOutlivesItsBound) {
+  Spawned process({worker(), "watchdog", "300"});
+  EXPECT_EQ(process.wait(20s), 124) << process.err();
+  EXPECT_THAT(process.out(), HasSubstr("STEP 1 done"));
+  EXPECT_THAT(process.out(), Not(HasSubstr("STEP 2 done")));
+  EXPECT_THAT(process.err(), HasSubstr("error: step 2 ran longer than its bound"));
+}
+
+TEST(LocalPool, MalformedVariablesAreNamed) {
+  Spawned process({worker(), "join"}, {{"DEW_PROCESS_ID", "4"}, {"DEW_PROCESS_COUNT", "4"},
+                                       {"DEW_COORDINATOR_ADDRESS", "127.0.0.1:1"}});
+  EXPECT_NE(process.wait(20s), 0);
+  EXPECT_THAT(process.err(), HasSubstr("DEW_PROCESS_ID=4 is not below DEW_PROCESS_COUNT=4"));
+}
+
+}  // namespace
