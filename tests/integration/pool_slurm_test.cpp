@@ -1,0 +1,84 @@
+// libdew pools under real srun on the two-node test cluster: the PMIx
+// backend (srun --mpi=pmix) and the TCP service with the SPANK plugin's
+// coordinator and secret (srun --dew-pool).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "slurm_cluster.h"
+#include "test_paths.h"
+
+namespace dew::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+std::string worker() {
+  const char* path = std::getenv("DEW_POOL_WORKER");
+  return path ? path : "pool_worker";
+}
+
+int count(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (auto at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+void expect_exchange(const RunResult& run, const std::string& source, const std::string& backend) {
+  ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
+  for (int r = 0; r < 4; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_THAT(run.out, HasSubstr("RESULT rank=" + std::to_string(r) + " size=4 source=" + source + " backend=" + backend +
+                                   " local=" + std::to_string(r % 2) + "/2"));
+    EXPECT_THAT(run.err, HasSubstr("[" + std::to_string(r) + "] Joined the pool: process " + std::to_string(r) + " of 4 (" +
+                                   source + ", " + backend + ")"));
+  }
+  EXPECT_EQ(count(run.out, "gets=hello from 0|hello from 1|hello from 2|hello from 3"), 4) << run.out;
+  EXPECT_EQ(count(run.out, "gather=rank 0|rank 1|rank 2|rank 3 squares=0,1,4,9"), 4) << run.out;
+}
+
+TEST(SlurmPool, PmixBackendUnderSrunMpiPmix) {
+  expect_exchange(cluster().srun({"--mpi=pmix", "-N2", "--ntasks-per-node=2", worker(), "exchange"}, {}, 60s), "pmix",
+                  "pmix+tcp");
+}
+
+TEST(SlurmPool, TcpServiceUnderSrunDewPool) {
+  // The plugin's coordinator host is the node name, which does not resolve
+  // on this one-host cluster: name the address instead.
+  expect_exchange(cluster().srun({"--dew-pool", "--dew-coordinator=127.0.0.1", "-N2", "--ntasks-per-node=2", worker(),
+                                  "exchange"},
+                                 {}, 60s),
+                  "slurm", "tcp");
+}
+
+TEST(SlurmPool, ARankThatThrowsEndsTheStepWithItsErrorPrintedOnce) {
+  for (const std::string mode : {"--mpi=pmix", "--dew-pool"}) {
+    SCOPED_TRACE(mode);
+    std::vector<std::string> args = {mode, "-N2", "--ntasks-per-node=2", worker(), "throw", "2"};
+    if (mode == "--dew-pool") args.insert(args.begin() + 1, "--dew-coordinator=127.0.0.1");
+    const auto run = cluster().srun(args, {}, 60s);
+    EXPECT_NE(run.exit_code, 0);
+    EXPECT_LT(run.seconds, 10.0) << run.err;
+    EXPECT_EQ(count(run.out + run.err, "[2] error: uncaught exception: boom from rank 2"), 1) << run.err;
+    EXPECT_THAT(run.err, HasSubstr("ending: process 2 failed: uncaught exception: boom from rank 2")) << run.err;
+  }
+}
+
+TEST(SlurmPool, DewEnvShowsTheResolvedIdentity) {
+  const auto pooled = cluster().srun({"--dew-pool", "--dew-coordinator=127.0.0.1", "-N2", "-n2", "-l", dew_exe(), "env"}, {}, 30s);
+  ASSERT_EQ(pooled.exit_code, 0) << pooled.err;
+  EXPECT_THAT(pooled.out, HasSubstr("1: source:       slurm"));
+  EXPECT_THAT(pooled.out, HasSubstr("1: process:      1 of 2"));
+  EXPECT_THAT(pooled.out, HasSubstr("(from DEW_COORDINATOR_ADDRESS)"));
+  EXPECT_THAT(pooled.out, HasSubstr("1: pool secret:  set (DEW_POOL_SECRET)"));
+  EXPECT_THAT(pooled.out, HasSubstr("process_id=1)"));
+
+  const auto pmix = cluster().srun({"--mpi=pmix", "-N2", "-n2", "-l", dew_exe(), "env"}, {}, 30s);
+  ASSERT_EQ(pmix.exit_code, 0) << pmix.err;
+  EXPECT_THAT(pmix.out, HasSubstr("1: source:       pmix"));
+  EXPECT_THAT(pmix.out, HasSubstr("1: process:      1 of 2"));
+  EXPECT_THAT(pmix.out, HasSubstr("1: local:        0 of 1 on node 1"));
+}
+
+}  // namespace
+}  // namespace dew::testing
