@@ -1,0 +1,56 @@
+// Validation and the mask's block classification, shared by the forward and
+// backward kernels. Internal to the attention library.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "attention.h"
+
+namespace dew::attention::detail {
+
+// One-line errors for dimensions, block sizes and the mask's arrays.
+std::optional<Error> check_dims(const Dims& dims);
+
+enum class BlockKind { kSkip, kPartial, kFull };
+
+// The mask of one call over query blocks x key blocks: positions aligned,
+// per-block bounds, and the segment bounds of the batch entry in use.
+class MaskPlan {
+ public:
+  static Result<MaskPlan> make(const Mask& mask, const Dims& dims, int query_block, int key_block);
+
+  std::int64_t query_blocks() const { return static_cast<std::int64_t>(q_lo_.size()); }
+  std::int64_t key_blocks() const { return static_cast<std::int64_t>(k_lo_.size()); }
+  int query_block() const { return query_block_; }
+  int key_block() const { return key_block_; }
+
+  // Segment bounds per block for batch entry b (documents only).
+  void set_batch(int b);
+  BlockKind classify(std::int64_t query_block_index, std::int64_t key_block_index) const;
+  // Row and column are local indices of the batch entry set last.
+  bool allowed(std::int64_t row, std::int64_t column) const;
+
+ private:
+  MaskPlan() = default;
+  bool causal_ = false;
+  bool windowed_ = false;
+  std::int64_t left_ = 0;
+  std::int64_t right_ = 0;
+  bool documents_ = false;
+  int query_block_ = 1;
+  int key_block_ = 1;
+  std::int64_t query_length_ = 0;
+  std::int64_t key_length_ = 0;
+  std::vector<std::int64_t> aligned_;  // per query row: its position + whole key length - whole query length
+  std::vector<std::int64_t> key_pos_;  // per key column
+  std::vector<std::int64_t> q_lo_, q_hi_, k_lo_, k_hi_;
+  const std::int32_t* q_seg_all_ = nullptr;
+  const std::int32_t* k_seg_all_ = nullptr;
+  const std::int32_t* q_seg_ = nullptr;  // of the batch entry set last
+  const std::int32_t* k_seg_ = nullptr;
+  std::vector<std::int32_t> qs_lo_, qs_hi_, ks_lo_, ks_hi_;
+};
+
+}  // namespace dew::attention::detail

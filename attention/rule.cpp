@@ -1,0 +1,189 @@
+// The rule that picks a sequence-parallel exchange, as the seed's
+// sequence_parallel_attention holds it, and the `--mask` value parser.
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "attention.h"
+
+namespace dew::attention {
+namespace {
+
+constexpr std::int64_t kMaxLength = std::int64_t{1} << 40;
+constexpr int kMaxCount = 1 << 20;  // heads, sequence, tensor, head width
+
+std::string str(std::int64_t v) { return std::to_string(v); }
+
+std::string num(double v) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "%g", v);
+  return buffer;
+}
+
+const char* kMaskAllowed =
+    "none, causal, documents, window=W (W positions back) or window=LEFT,RIGHT (whole numbers up to 2^40)";
+
+// Digits only, at most 13 of them, value <= 2^40.
+bool parse_extent(std::string_view text, std::int64_t& out) {
+  if (text.empty() || text.size() > 13) return false;
+  std::int64_t v = 0;
+  for (const char c : text) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + (c - '0');
+  }
+  if (v > kMaxLength) return false;
+  out = v;
+  return true;
+}
+
+Error value_error(const std::string& option, std::int64_t value, const std::string& allowed) {
+  return Error{option + ": " + str(value) + " is not allowed; allowed: " + allowed};
+}
+
+// Key heads a contiguous run of query heads [first, first + count) reads.
+int kv_heads_of(int first, int count, int group) { return (first + count - 1) / group - first / group + 1; }
+
+}  // namespace
+
+Result<MaskSpec> parse_mask_kind(std::string_view text) {
+  const auto fail = [&] {
+    return Error{"--mask: '" + std::string(text) + "' is not allowed; allowed: " + kMaskAllowed};
+  };
+  if (text == "none") return MaskSpec{MaskKind::kNone, {}};
+  if (text == "causal") return MaskSpec{MaskKind::kCausal, {}};
+  if (text == "documents") return MaskSpec{MaskKind::kDocuments, {}};
+  constexpr std::string_view prefix = "window=";
+  if (text.substr(0, prefix.size()) != prefix) return fail();
+  const std::string_view rest = text.substr(prefix.size());
+  const std::size_t comma = rest.find(',');
+  MaskSpec spec{MaskKind::kWindow, {}};
+  if (!parse_extent(rest.substr(0, comma), spec.window.left)) return fail();
+  if (comma != std::string_view::npos && !parse_extent(rest.substr(comma + 1), spec.window.right)) return fail();
+  return spec;
+}
+
+std::string format_mask_kind(const MaskSpec& mask) {
+  switch (mask.kind) {
+    case MaskKind::kNone:
+      return "none";
+    case MaskKind::kCausal:
+      return "causal";
+    case MaskKind::kDocuments:
+      return "documents";
+    case MaskKind::kWindow:
+      return "window=" + str(mask.window.left) + (mask.window.right == 0 ? "" : "," + str(mask.window.right));
+  }
+  return "none";
+}
+
+std::string_view exchange_name(Exchange exchange) {
+  return exchange == Exchange::kAllToAll ? "all-to-all" : "gather";
+}
+
+Result<Plan> choose_exchange(const Call& call) {
+  const std::string counts = "a whole number from 1 to " + str(kMaxCount);
+  const std::string lengths = "a whole number from 1 to 2^40";
+  if (call.heads < 1 || call.heads > kMaxCount) return value_error("--heads", call.heads, counts);
+  if (call.kv_heads < 1 || call.kv_heads > kMaxCount) return value_error("--kv-heads", call.kv_heads, counts);
+  if (call.heads % call.kv_heads != 0) {
+    return Error{"--kv-heads: " + str(call.kv_heads) + " does not divide --heads " + str(call.heads) +
+                 "; allowed: a divisor of the query heads (grouped-query attention)"};
+  }
+  if (call.query_length < 1 || call.query_length > kMaxLength)
+    return value_error("--length", call.query_length, lengths);
+  if (call.key_length < 1 || call.key_length > kMaxLength)
+    return value_error("--kv-length", call.key_length, lengths);
+  if (call.sequence < 1 || call.sequence > kMaxCount) return value_error("--sequence", call.sequence, counts);
+  if (call.tensor < 1 || call.tensor > kMaxCount) return value_error("--tensor", call.tensor, counts);
+  if (call.head_dim < 1 || call.head_dim > kMaxCount) return value_error("--head-dim", call.head_dim, counts);
+  if (call.bytes_per_value < 1 || call.bytes_per_value > 16)
+    return value_error("--bytes-per-value", call.bytes_per_value, "a whole number from 1 to 16");
+  if (call.mask.kind == MaskKind::kWindow &&
+      (call.mask.window.left < 0 || call.mask.window.left > kMaxLength || call.mask.window.right < 0 ||
+       call.mask.window.right > kMaxLength)) {
+    return Error{"--mask: window=" + str(call.mask.window.left) + "," + str(call.mask.window.right) +
+                 " is not allowed; allowed: " + kMaskAllowed};
+  }
+  const int h_all = call.heads, t = call.tensor, n = call.sequence;
+  const std::int64_t lq = call.query_length, lk = call.key_length;
+  if (h_all % t != 0) {
+    return Error{"neither exchange can run: --heads " + str(h_all) + " does not divide by --tensor " + str(t) +
+                 " (every tensor shard needs whole query heads)"};
+  }
+  Plan plan;
+  const int group = h_all / call.kv_heads;
+  const int h = h_all / t;
+  plan.shard_heads = h;
+  for (int shard = 0; shard < t; ++shard)
+    plan.shard_kv_heads = std::max(plan.shard_kv_heads, kv_heads_of(shard * h, h, group));
+  const int k = plan.shard_kv_heads;
+  const bool masked = call.mask.kind != MaskKind::kNone;
+  const double per_value = static_cast<double>(call.head_dim) * call.bytes_per_value;
+  const std::int64_t peers = n - 1;
+
+  // The all-to-all: whole query heads per device, lengths split evenly.
+  ExchangeCost& a2a = plan.all_to_all;
+  if (h % n != 0) {
+    a2a.why_not = "the query heads per tensor shard, --heads " + str(h_all) + " / --tensor " + str(t) + " = " +
+                  str(h) + ", do not divide by --sequence " + str(n);
+  } else if (lq % n != 0) {
+    a2a.why_not = "the query length " + str(lq) + " does not divide by --sequence " + str(n);
+  } else if (lk % n != 0) {
+    a2a.why_not = "the key length " + str(lk) + " does not divide by --sequence " + str(n);
+  } else {
+    a2a.can_run = true;
+    int most = 0;  // key heads the busiest device of a sequence group needs
+    for (int shard = 0; shard < t; ++shard)
+      for (int device = 0; device < n; ++device)
+        most = std::max(most, kv_heads_of(shard * h + device * (h / n), h / n, group));
+    plan.repeated_kv_heads = most * n;
+    a2a.units = 2.0 * (h + plan.repeated_kv_heads) / n;
+    const double values = static_cast<double>(peers) * (2.0 * (h / n) * (lq / n) + 2.0 * most * (lk / n));
+    a2a.bytes = static_cast<std::int64_t>(values * per_value);
+  }
+
+  // The gather: any head count and key length; masked calls balance their
+  // work over 2N chunks, which needs the query length to divide by 2N.
+  ExchangeCost& gather = plan.gather;
+  if (masked && n > 1 && lq % (2 * n) != 0) {
+    gather.why_not = "a " + format_mask_kind(call.mask) + " call cuts the query length into 2 x --sequence = " +
+                     str(2 * n) + " chunks, and " + str(lq) + " does not divide by " + str(2 * n);
+  } else {
+    gather.can_run = true;
+    gather.units = 2.0 * k;
+    const std::int64_t shard = (lk + n - 1) / n;
+    gather.bytes = static_cast<std::int64_t>(static_cast<double>(peers) * 2.0 * k * static_cast<double>(shard) *
+                                             per_value);
+  }
+
+  if (!a2a.can_run && !gather.can_run) {
+    return Error{"neither exchange can run: all-to-all: " + a2a.why_not + "; gather: " + gather.why_not};
+  }
+  const std::string units_text = " units of length x head width x (N-1)/N per device";
+  if (n == 1) {
+    plan.exchange = Exchange::kAllToAll;
+    plan.reason = "--sequence 1: nothing is exchanged; the local kernel runs on the whole sequence";
+  } else if (!gather.can_run) {
+    plan.exchange = Exchange::kAllToAll;
+    plan.reason = "the gather cannot run: " + gather.why_not;
+  } else if (!a2a.can_run) {
+    plan.exchange = Exchange::kGather;
+    plan.reason = "the all-to-all cannot run: " + a2a.why_not;
+  } else if (masked) {
+    plan.exchange = Exchange::kAllToAll;
+    plan.reason = "a " + format_mask_kind(call.mask) +
+                  " call where both can run: the all-to-all's kernel sees whole sequences and skips masked "
+                  "blocks, while the gather would run the mask as a dense bias";
+  } else if (gather.bytes < a2a.bytes) {
+    plan.exchange = Exchange::kGather;
+    plan.reason = "unmasked, and the gather sends fewer bytes: " + num(gather.units) + " against " +
+                  num(a2a.units) + units_text;
+  } else {
+    plan.exchange = Exchange::kAllToAll;
+    plan.reason = "unmasked, and the all-to-all sends no more bytes: " + num(a2a.units) + " against " +
+                  num(gather.units) + units_text;
+  }
+  return plan;
+}
+
+}  // namespace dew::attention
