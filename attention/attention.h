@@ -101,7 +101,7 @@ struct Inputs {
   double scale = 0;
   // Rows and columns per block.
   int query_block = 128;
-  int key_block = 128;
+  int key_block = 256;
 };
 
 // Blocks of one call, each a (batch, head, query block, key block): how many

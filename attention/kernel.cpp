@@ -104,11 +104,7 @@ struct Prepared {
       }
     }
     if (kind == BlockKind::kPartial) {
-      for (std::int64_t i = 0; i < nq; ++i) {
-        T* srow = s + i * nk;
-        for (std::int64_t j = 0; j < nk; ++j)
-          if (!plan.allowed(q0 + i, k0 + j)) srow[j] = kMinusInf<T>;
-      }
+      for (std::int64_t i = 0; i < nq; ++i) plan.mask_row(q0 + i, k0, nk, s + i * nk);
     }
   }
 };

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -31,6 +32,26 @@ class MaskPlan {
   BlockKind classify(std::int64_t query_block_index, std::int64_t key_block_index) const;
   // Row and column are local indices of the batch entry set last.
   bool allowed(std::int64_t row, std::int64_t column) const;
+  // Sets s[j] to -infinity for every column k0 + j (j < n) that row may not
+  // attend: allowed() over a block row, in loops the compiler can vectorize.
+  template <typename T>
+  void mask_row(std::int64_t row, std::int64_t k0, std::int64_t n, T* s) const {
+    constexpr T minus_inf = -std::numeric_limits<T>::infinity();
+    const std::int64_t a = aligned_[static_cast<std::size_t>(row)];
+    const std::int64_t* k = key_pos_.data() + k0;
+    if (causal_) {
+      for (std::int64_t j = 0; j < n; ++j) s[j] = k[j] > a ? minus_inf : s[j];
+    }
+    if (windowed_) {
+      const std::int64_t lo = a - left_, hi = a + right_;
+      for (std::int64_t j = 0; j < n; ++j) s[j] = (k[j] < lo || k[j] > hi) ? minus_inf : s[j];
+    }
+    if (documents_) {
+      const std::int32_t q = q_seg_[row];
+      const std::int32_t* ks = k_seg_ + k0;
+      for (std::int64_t j = 0; j < n; ++j) s[j] = ks[j] != q ? minus_inf : s[j];
+    }
+  }
 
  private:
   MaskPlan() = default;
