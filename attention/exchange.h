@@ -1,0 +1,65 @@
+// The two sequence-parallel exchanges (namespace dew::attention): each
+// device of a sequence group holds a shard of every sequence's positions and
+// calls the same function at the same time; the result equals whole-sequence
+// attention (attention.h) on one device, forward and backward.
+//
+//   all-to-all (DeepSpeed Ulysses): trade the shard of positions for a slice
+//     of the heads, attend the whole sequence for those heads, trade back.
+//     Key/value heads are repeated only as far as the split needs (K').
+//   gather: queries stay, keys and values are gathered whole; the backward
+//     reduce-scatters dK and dV (accumulating in T: fp32 for float).
+//
+// How the sequence is cut (Layout) is the caller's: contiguous shards, or the
+// 2N-chunk balance (device r holds chunks r and 2N-1-r), which evens out a
+// causal call's work. Masks are evaluated at global positions either way.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "attention.h"
+#include "communicator.h"
+
+namespace dew::attention {
+
+enum class Layout { kContiguous, kChunkPairs };
+
+// The global positions device `rank` of `devices` holds, in its local order;
+// an error when the length does not divide (by N, or by 2N for kChunkPairs).
+Result<std::vector<std::int64_t>> shard_positions(Layout layout, std::int64_t length, int devices, int rank);
+
+template <typename T>
+struct ShardCall {
+  // batch; heads and kv_heads of this tensor shard (H, K); the WHOLE query
+  // and key lengths; head width.
+  Dims dims;
+  Layout layout = Layout::kContiguous;
+  const T* query = nullptr;  // batch x H x (query_length / N) x head_dim, this device's positions
+  const T* key = nullptr;    // batch x K x (key_length / N) x head_dim
+  const T* value = nullptr;
+  bool causal = false;
+  std::optional<Window> window;
+  // Packed documents over the WHOLE sequences (batch x query_length and
+  // batch x key_length), the same on every device; both or neither.
+  std::span<const std::int32_t> query_segments;
+  std::span<const std::int32_t> key_segments;
+  const T* sinks = nullptr;  // H
+  double scale = 0;
+  int query_block = 128;
+  int key_block = 256;
+};
+
+// out: batch x H x (query_length / N) x head_dim; lse: batch x H x
+// (query_length / N), the shard's rows.
+template <typename T>
+Result<Stats> exchange_forward(Exchange exchange, Communicator& comm, const ShardCall<T>& call, T* out, T* lse);
+
+// Gradients of this device's shards (query, key, value as the inputs); the
+// sinks' gradient (H entries) is the whole one, the same on every device.
+template <typename T>
+Result<Stats> exchange_backward(Exchange exchange, Communicator& comm, const ShardCall<T>& call, const T* out,
+                                const T* lse, const T* d_out, const Gradients<T>& gradients);
+
+}  // namespace dew::attention
