@@ -258,6 +258,64 @@ TEST(ExchangeTest, FullyMaskedRows) {
   check(with_sinks, 2, Layout::kContiguous);
 }
 
+// Heads split over tensor x sequence at once: each of T = 2 tensor shards
+// (its own query and key heads) runs its own sequence group of N = 2, both
+// groups at the same time.
+TEST(ExchangeTest, TensorTimesSequence) {
+  Case whole = make(2, 8, 4, 16, 16, 8, 13, true);
+  whole.causal = true;
+  const Whole<double> expected = whole_run<double>(whole);
+  const Dims& d = whole.dims;
+  std::vector<Case> shards(2);
+  for (int t = 0; t < 2; ++t) {
+    Case& c = shards[std::size_t(t)];
+    c = whole;
+    c.dims.heads = 4;
+    c.dims.kv_heads = 2;
+    auto heads = [&](const std::vector<double>& x, int all, int first, int count, std::int64_t len) {
+      std::vector<double> out;
+      const std::size_t per = std::size_t(len * d.head_dim);
+      for (int b = 0; b < d.batch; ++b)
+        out.insert(out.end(), x.begin() + std::ptrdiff_t((b * all + first) * per),
+                   x.begin() + std::ptrdiff_t((b * all + first + count) * per));
+      return out;
+    };
+    c.q = heads(whole.q, 8, 4 * t, 4, 16);
+    c.d_out = heads(whole.d_out, 8, 4 * t, 4, 16);
+    c.k = heads(whole.k, 4, 2 * t, 2, 16);
+    c.v = heads(whole.v, 4, 2 * t, 2, 16);
+    c.s = {whole.s.begin() + 4 * t, whole.s.begin() + 4 * t + 4};
+  }
+  for (const Exchange e : {Exchange::kAllToAll, Exchange::kGather}) {
+    std::vector<std::vector<Device<double>>> results(2);
+    std::thread t0([&] { results[0] = run_exchange<double>(shards[0], 2, e, Layout::kChunkPairs); });
+    std::thread t1([&] { results[1] = run_exchange<double>(shards[1], 2, e, Layout::kChunkPairs); });
+    t0.join();
+    t1.join();
+    for (int t = 0; t < 2; ++t)
+      for (int r = 0; r < 2; ++r) {
+        const Device<double>& dev = results[std::size_t(t)][std::size_t(r)];
+        ASSERT_EQ(dev.error, "");
+        // This shard's heads of the whole result, at this device's rows.
+        std::vector<double> want_out, want_dk;
+        for (int b = 0; b < d.batch; ++b)
+          for (int h = 0; h < 4; ++h)
+            for (const auto p : dev.q_pos)
+              for (int e2 = 0; e2 < 8; ++e2)
+                want_out.push_back(expected.out[std::size_t(((b * 8 + 4 * t + h) * 16 + p) * 8 + e2)]);
+        for (int b = 0; b < d.batch; ++b)
+          for (int h = 0; h < 2; ++h)
+            for (const auto p : dev.k_pos)
+              for (int e2 = 0; e2 < 8; ++e2)
+                want_dk.push_back(expected.dk[std::size_t(((b * 4 + 2 * t + h) * 16 + p) * 8 + e2)]);
+        EXPECT_LE(relative_error(dev.out, want_out), 1e-12) << exchange_name(e);
+        EXPECT_LE(relative_error(dev.dk, want_dk), 1e-12) << exchange_name(e);
+        for (int h = 0; h < 4; ++h)
+          EXPECT_NEAR(dev.ds[std::size_t(h)], expected.ds[std::size_t(4 * t + h)], 1e-12) << exchange_name(e);
+      }
+  }
+}
+
 TEST(ExchangeTest, OneDeviceIsTheLocalKernelBitForBit) {
   Case c = make(1, 4, 2, 20, 20, 8, 11, true);
   c.causal = true;
