@@ -9,6 +9,14 @@
 //                       pool's key-value exchange until that is wired in;
 //                       it serves ranks that are threads of one process
 //
+// Wiring the pool (runtime/pool.h) is two lambdas:
+//   KeyValue kv{
+//       [&pool](const std::string& k, const std::vector<char>& v) { pool.put(k, {v.begin(), v.end()}); },
+//       [&pool](const std::string& k) {
+//         const std::string s = pool.get(k, timeout);
+//         return std::vector<char>(s.begin(), s.end());
+//       }};
+//
 // Every call is collective: every rank of the group makes it, in the same
 // order, with the same sizes. Failures (a peer gone, a timeout, sizes that do
 // not fit) come back as one-line errors, never as exceptions.
