@@ -135,7 +135,7 @@ Result<Identity> from_slurm(const Environment& env, const JoinOptions& options) 
   }
   // Without the SPANK plugin: the step's first node and the plugin's own
   // port formula over its default range, as jax.distributed does.
-  auto hosts = spank::expand_hostlist(*lookup(env, "SLURM_STEP_NODELIST"), 1);
+  auto hosts = spank::expand_hostlist(*lookup(env, "SLURM_STEP_NODELIST"));
   if (!hosts.ok()) return Error{"SLURM_STEP_NODELIST: " + hosts.error().message};
   auto job = optional_count(env, "SLURM_JOB_ID", 0);
   if (!job.ok()) return job.error();
@@ -148,47 +148,53 @@ Result<Identity> from_slurm(const Environment& env, const JoinOptions& options) 
   return id;
 }
 
-Result<Identity> from_dew(const Environment& env) {
-  auto pair = rank_and_size(env, "DEW_PROCESS_ID", "DEW_PROCESS_COUNT");
+// The variables of a launcher that names rank, size and local rank/size.
+struct LauncherVariables {
+  PoolSource source;
+  const char* rank;
+  const char* size;
+  const char* local_rank;
+  const char* local_size;
+  const char* why;
+};
+
+constexpr LauncherVariables kDewVariables = {PoolSource::kDew, "DEW_PROCESS_ID", "DEW_PROCESS_COUNT",
+                                             "DEW_LOCAL_PROCESS_ID", "DEW_LOCAL_PROCESS_COUNT",
+                                             "DEW_PROCESS_ID and DEW_PROCESS_COUNT are set (srun --dew-pool or dew launch)"};
+constexpr LauncherVariables kOpenMpiVariables = {PoolSource::kOpenMpi, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                                                 "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                                 "OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE are set (mpirun)"};
+
+Result<Identity> from_launcher(const Environment& env, const LauncherVariables& names) {
+  auto pair = rank_and_size(env, names.rank, names.size);
   if (!pair.ok()) return pair.error();
   Identity id;
-  id.source = PoolSource::kDew;
-  id.why = "DEW_PROCESS_ID and DEW_PROCESS_COUNT are set (srun --dew-pool or dew launch)";
+  id.source = names.source;
+  id.why = names.why;
   id.rank = pair.value().rank;
   id.size = pair.value().size;
-  auto local = local_rank_and_size(env, "DEW_LOCAL_PROCESS_ID", "DEW_LOCAL_PROCESS_COUNT", {0, 1});
+  auto local = local_rank_and_size(env, names.local_rank, names.local_size, {0, 1});
   if (!local.ok()) return local.error();
   id.local_rank = local.value().rank;
   id.local_size = local.value().size;
-  auto node = optional_count(env, "DEW_NODE_ID", 0);
-  if (!node.ok()) return node.error();
-  id.node = node.value();
   auto coordinator = coordinator_from_env(env, id.coordinator_from);
   if (!coordinator.ok()) return coordinator.error();
-  if (!coordinator.value() && id.size > 1) {
-    return Error{"DEW_PROCESS_ID is set but neither DEW_COORDINATOR_ADDRESS nor JAX_COORDINATOR_ADDRESS "
-                 "is: a pool of " + std::to_string(id.size) + " needs its coordinator's host:port"};
-  }
   id.coordinator = coordinator.value();
   return id;
 }
 
-Result<Identity> from_open_mpi(const Environment& env) {
-  auto pair = rank_and_size(env, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE");
-  if (!pair.ok()) return pair.error();
-  Identity id;
-  id.source = PoolSource::kOpenMpi;
-  id.why = "OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE are set (mpirun)";
-  id.rank = pair.value().rank;
-  id.size = pair.value().size;
-  auto local = local_rank_and_size(env, "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", {0, 1});
-  if (!local.ok()) return local.error();
-  id.local_rank = local.value().rank;
-  id.local_size = local.value().size;
-  auto coordinator = coordinator_from_env(env, id.coordinator_from);
-  if (!coordinator.ok()) return coordinator.error();
-  id.coordinator = coordinator.value();
-  return id;
+Result<Identity> from_dew(const Environment& env) {
+  auto found = from_launcher(env, kDewVariables);
+  if (!found.ok()) return found;
+  Identity& id = found.value();
+  auto node = optional_count(env, "DEW_NODE_ID", 0);
+  if (!node.ok()) return node.error();
+  id.node = node.value();
+  if (!id.coordinator && id.size > 1) {
+    return Error{"DEW_PROCESS_ID is set but neither DEW_COORDINATOR_ADDRESS nor JAX_COORDINATOR_ADDRESS "
+                 "is: a pool of " + std::to_string(id.size) + " needs its coordinator's host:port"};
+  }
+  return found;
 }
 
 Result<std::chrono::milliseconds> seconds_setting(const Environment& env, const char* name,
@@ -306,7 +312,7 @@ Result<Identity> resolve_identity(const Environment& env, const JoinOptions& opt
     found = id;
   } else if (lookup(env, "OMPI_COMM_WORLD_RANK") || lookup(env, "OMPI_COMM_WORLD_SIZE")) {
     // Before Slurm: mpirun inside an allocation inherits SLURM_*.
-    found = from_open_mpi(env);
+    found = from_launcher(env, kOpenMpiVariables);
   } else if (lookup(env, "SLURM_STEP_NODELIST") && (lookup(env, "SLURM_PROCID") || lookup(env, "SLURM_NTASKS"))) {
     found = from_slurm(env, options);
   } else if (lookup(env, "DEW_PROCESS_ID") || lookup(env, "DEW_PROCESS_COUNT")) {

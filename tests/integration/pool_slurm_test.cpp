@@ -18,12 +18,6 @@ std::string worker() {
   return path ? path : "pool_worker";
 }
 
-int count(const std::string& text, const std::string& needle) {
-  int n = 0;
-  for (auto at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
-  return n;
-}
-
 void expect_exchange(const RunResult& run, const std::string& source, const std::string& backend) {
   ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
   for (int r = 0; r < 4; ++r) {
@@ -33,8 +27,8 @@ void expect_exchange(const RunResult& run, const std::string& source, const std:
     EXPECT_THAT(run.err, HasSubstr("[" + std::to_string(r) + "] Joined the pool: process " + std::to_string(r) + " of 4 (" +
                                    source + ", " + backend + ")"));
   }
-  EXPECT_EQ(count(run.out, "gets=hello from 0|hello from 1|hello from 2|hello from 3"), 4) << run.out;
-  EXPECT_EQ(count(run.out, "gather=rank 0|rank 1|rank 2|rank 3 squares=0,1,4,9"), 4) << run.out;
+  EXPECT_EQ(occurrences(run.out, "gets=hello from 0|hello from 1|hello from 2|hello from 3"), 4) << run.out;
+  EXPECT_EQ(occurrences(run.out, "gather=rank 0|rank 1|rank 2|rank 3 squares=0,1,4,9"), 4) << run.out;
 }
 
 TEST(SlurmPool, PmixBackendUnderSrunMpiPmix) {
@@ -59,7 +53,7 @@ TEST(SlurmPool, ARankThatThrowsEndsTheStepWithItsErrorPrintedOnce) {
     const auto run = cluster().srun(args, {}, 60s);
     EXPECT_NE(run.exit_code, 0);
     EXPECT_LT(run.seconds, 10.0) << run.err;
-    EXPECT_EQ(count(run.out + run.err, "[2] error: uncaught exception: boom from rank 2"), 1) << run.err;
+    EXPECT_EQ(occurrences(run.out + run.err, "[2] error: uncaught exception: boom from rank 2"), 1) << run.err;
     EXPECT_THAT(run.err, HasSubstr("ending: process 2 failed: uncaught exception: boom from rank 2")) << run.err;
   }
 }

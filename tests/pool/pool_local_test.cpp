@@ -85,12 +85,6 @@ struct LocalPool {
   std::vector<std::unique_ptr<Spawned>> ranks;
 };
 
-int count(const std::string& text, const std::string& needle) {
-  int n = 0;
-  for (auto at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
-  return n;
-}
-
 TEST(LocalPool, FourProcessesPutGetGatherAndAgree) {
   LocalPool pool(4, {"exchange"});
   const auto codes = pool.wait_all(30s);
@@ -117,7 +111,7 @@ TEST(LocalPool, ARankThatThrowsEndsEveryProcessWithinFiveSeconds) {
   }
   EXPECT_LT(last - first, 5.0) << pool.describe();
   // Rank 2's error: printed once, with its rank.
-  EXPECT_EQ(count(pool.all_output(), "[2] error: uncaught exception: boom from rank 2"), 1) << pool.describe();
+  EXPECT_EQ(dew::testing::occurrences(pool.all_output(), "[2] error: uncaught exception: boom from rank 2"), 1) << pool.describe();
   for (int r : {0, 1, 3}) {
     EXPECT_THAT(pool.ranks[static_cast<std::size_t>(r)]->err(),
                 HasSubstr("[" + std::to_string(r) + "] ending: process 2 failed: uncaught exception: boom from rank 2"));
@@ -127,7 +121,7 @@ TEST(LocalPool, ARankThatThrowsEndsEveryProcessWithinFiveSeconds) {
 TEST(LocalPool, FailExitsWithItsOwnCodeAndPeersWithTheDocumentedOne) {
   LocalPool pool(4, {"fail", "1", "7"});
   EXPECT_EQ(pool.wait_all(20s), std::vector<int>({75, 7, 75, 75})) << pool.describe();
-  EXPECT_EQ(count(pool.all_output(), "[1] error: data loader raised on rank 1"), 1);
+  EXPECT_EQ(dew::testing::occurrences(pool.all_output(), "[1] error: data loader raised on rank 1"), 1);
   EXPECT_THAT(pool.ranks[0]->err(), HasSubstr("[0] ending: process 1 failed: data loader raised on rank 1"));
 }
 

@@ -12,6 +12,7 @@
 //   pool_worker fingerprint         compile_cache_key()
 //   pool_worker watchdog MS         one step longer than a StepWatchdog of MS
 //   pool_worker join                join and leave (benchmarks)
+//   pool_worker start               exit before joining (the benchmarks' baseline)
 #include <signal.h>
 #include <unistd.h>
 
@@ -88,11 +89,17 @@ int main(int argc, char** argv) {
     line("STEP 2 done (the watchdog missed it)");
     return 0;
   }
+  if (scenario == "start") return 0;
   Pool pool = dew::runtime::join();
   if (scenario == "exchange") return exchange(pool);
   if (scenario == "join") return 0;
   if (scenario == "throw") {
-    steps(pool, arg(2), [&] { throw std::runtime_error("boom from rank " + std::to_string(pool.rank())); });
+    steps(pool, arg(2), [&] {
+      // The benchmark times from this line (wall clock: other processes read it).
+      const auto now = std::chrono::system_clock::now().time_since_epoch();
+      line("FAILING at " + std::to_string(std::chrono::duration_cast<std::chrono::nanoseconds>(now).count()));
+      throw std::runtime_error("boom from rank " + std::to_string(pool.rank()));
+    });
   }
   if (scenario == "fail") {
     steps(pool, arg(2), [&] { pool.fail("data loader raised on rank " + std::to_string(pool.rank()), arg(3)); });

@@ -9,7 +9,10 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <functional>
 #include <sstream>
+#include <thread>
 #include <stdexcept>
 
 extern char** environ;
@@ -45,37 +48,47 @@ std::vector<char*> c_strings(std::vector<std::string>& strings) {
 
 }  // namespace
 
+// Starts argv in its own process group, stdin from /dev/null; `streams`
+// adds the file actions for stdout and stderr. Returns the pid, or the
+// posix_spawnp error as a negative number.
+pid_t spawn_in_group(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
+                     const std::function<void(posix_spawn_file_actions_t&)>& streams) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  streams(actions);
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attributes, 0);
+  auto args = argv;
+  auto environment = merged_environment(env);
+  auto c_args = c_strings(args);
+  auto c_env = c_strings(environment);
+  pid_t pid = 0;
+  const int spawned = posix_spawnp(&pid, c_args[0], &actions, &attributes, c_args.data(), c_env.data());
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attributes);
+  return spawned == 0 ? pid : -spawned;
+}
+
 RunResult run(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
               std::chrono::milliseconds timeout) {
   int out_pipe[2], err_pipe[2];
   if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) {
     throw std::runtime_error("pipe: " + std::string(std::strerror(errno)));
   }
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
-  posix_spawn_file_actions_adddup2(&actions, err_pipe[1], 2);
-  posix_spawnattr_t attributes;
-  posix_spawnattr_init(&attributes);
-  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
-  posix_spawnattr_setpgroup(&attributes, 0);
-
-  auto args = argv;
-  auto environment = merged_environment(env);
-  auto c_args = c_strings(args);
-  auto c_env = c_strings(environment);
   const auto start = std::chrono::steady_clock::now();
-  pid_t pid = 0;
-  const int spawned = posix_spawnp(&pid, c_args[0], &actions, &attributes, c_args.data(), c_env.data());
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attributes);
+  const pid_t pid = spawn_in_group(argv, env, [&](posix_spawn_file_actions_t& actions) {
+    posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
+    posix_spawn_file_actions_adddup2(&actions, err_pipe[1], 2);
+  });
   close(out_pipe[1]);
   close(err_pipe[1]);
-  if (spawned != 0) {
+  if (pid < 0) {
     close(out_pipe[0]);
     close(err_pipe[0]);
-    throw std::runtime_error("cannot start " + argv[0] + ": " + std::strerror(spawned));
+    throw std::runtime_error("cannot start " + argv[0] + ": " + std::strerror(-pid));
   }
 
   RunResult result;
@@ -112,6 +125,85 @@ RunResult run(const std::vector<std::string>& argv, const std::map<std::string, 
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return result;
+}
+
+namespace {
+
+std::string temp_file(const char* what) {
+  std::string path = std::string("/tmp/dew-test-") + what + "-XXXXXX";
+  const int fd = mkstemp(path.data());
+  if (fd < 0) throw std::runtime_error("mkstemp: " + std::string(std::strerror(errno)));
+  close(fd);
+  return path;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
+Spawned::Spawned(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env)
+    : out_path_(temp_file("out")), err_path_(temp_file("err")) {
+  start_ = std::chrono::steady_clock::now();
+  pid_ = spawn_in_group(argv, env, [&](posix_spawn_file_actions_t& actions) {
+    posix_spawn_file_actions_addopen(&actions, 1, out_path_.c_str(), O_WRONLY | O_TRUNC, 0);
+    posix_spawn_file_actions_addopen(&actions, 2, err_path_.c_str(), O_WRONLY | O_TRUNC, 0);
+  });
+  if (pid_ < 0) throw std::runtime_error("cannot start " + argv[0] + ": " + std::strerror(-pid_));
+}
+
+Spawned::~Spawned() {
+  if (exit_code_ < 0 && pid_ > 0) {
+    kill(-pid_, SIGKILL);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+  }
+  unlink(out_path_.c_str());
+  unlink(err_path_.c_str());
+}
+
+int Spawned::wait(std::chrono::milliseconds timeout) {
+  if (exit_code_ >= 0) return exit_code_;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    int status = 0;
+    const pid_t done = waitpid(pid_, &status, WNOHANG);
+    if (done == pid_) {
+      seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+      exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      return exit_code_;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+bool Spawned::running() { return wait(std::chrono::milliseconds(0)) < 0; }
+
+void Spawned::signal(int number) {
+  if (exit_code_ < 0) kill(-pid_, number);
+}
+
+std::string Spawned::out() const { return slurp(out_path_); }
+std::string Spawned::err() const { return slurp(err_path_); }
+
+bool Spawned::wait_for_output(const std::string& text, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (out().find(text) != std::string::npos || err().find(text) != std::string::npos) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+int occurrences(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (auto at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
 }
 
 std::vector<std::string> lines_starting_with(const std::string& text, const std::string& prefix) {

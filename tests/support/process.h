@@ -23,6 +23,40 @@ struct RunResult {
 RunResult run(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env = {},
               std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
+// A process started in the background, in its own process group, its two
+// streams going to temporary files: for tests that run several processes at
+// once (a pool) and kill some of them.
+class Spawned {
+ public:
+  Spawned(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env = {});
+  ~Spawned();  // SIGKILLs the group if it still runs
+  Spawned(const Spawned&) = delete;
+  Spawned& operator=(const Spawned&) = delete;
+
+  int pid() const { return pid_; }
+  // The exit code (or 128 + signal) once it exits within `timeout`; -1 if not.
+  int wait(std::chrono::milliseconds timeout);
+  bool running();
+  // Seconds from the start to the exit wait() saw.
+  double seconds() const { return seconds_; }
+  void signal(int number);  // to the whole group
+  std::string out() const;
+  std::string err() const;
+  // Waits until `text` shows up on stdout or stderr, up to `timeout`.
+  bool wait_for_output(const std::string& text, std::chrono::milliseconds timeout);
+
+ private:
+  int pid_ = -1;
+  int exit_code_ = -1;
+  double seconds_ = 0;
+  std::chrono::steady_clock::time_point start_;
+  std::string out_path_;
+  std::string err_path_;
+};
+
+// How many times `needle` occurs in `text`.
+int occurrences(const std::string& text, const std::string& needle);
+
 // The lines of `text` that start with `prefix`.
 std::vector<std::string> lines_starting_with(const std::string& text, const std::string& prefix);
 
