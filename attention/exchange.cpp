@@ -59,7 +59,8 @@ Result<Geometry> geometry(Exchange exchange, const Communicator& comm, const Sha
       (std::int64_t(call.query_segments.size()) != d.batch * d.query_length ||
        std::int64_t(call.key_segments.size()) != d.batch * d.key_length)) {
     return Error{"exchange: segments of " + str(std::int64_t(call.query_segments.size())) + " and " +
-                 str(std::int64_t(call.key_segments.size())) + " ids are not allowed; allowed: batch x whole length = " +
+                 str(std::int64_t(call.key_segments.size())) +
+                 " ids are not allowed; allowed: batch x whole length = " +
                  str(d.batch * d.query_length) + " and " + str(d.batch * d.key_length)};
   }
   return g;

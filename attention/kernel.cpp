@@ -147,7 +147,9 @@ template <typename T>
 Result<Stats> forward(const Inputs<T>& in, T* out, T* lse) {
   auto prepared = prepare(in);
   if (!prepared.ok()) return prepared.error();
-  if (out == nullptr && in.dims.query_length > 0) return Error{"attention: forward needs an output (a null pointer was passed)"};
+  if (out == nullptr && in.dims.query_length > 0) {
+    return Error{"attention: forward needs an output (a null pointer was passed)"};
+  }
   Prepared<T>& call = prepared.value();
   MaskPlan& plan = call.plan;
   const Dims& dims = in.dims;

@@ -113,7 +113,8 @@ Rates measure(const Options& o, bool causal) {
     const double fs = seconds_since(start);
     const double g2 = sgemm_gflops(2048, 0);
     start = Clock::now();
-    auto br = backward<float>(in, out.data(), lse.data(), dout.data(), Gradients<float>{dq.data(), dk.data(), dv.data()});
+    auto br =
+        backward<float>(in, out.data(), lse.data(), dout.data(), Gradients<float>{dq.data(), dk.data(), dv.data()});
     const double bs = seconds_since(start);
     if (!fr.ok() || !br.ok()) {
       std::fprintf(stderr, "attention_kernel: %s\n", (!fr.ok() ? fr.error() : br.error()).message.c_str());

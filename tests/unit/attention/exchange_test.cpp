@@ -206,7 +206,9 @@ TEST(ExchangeTest, MultiHead) { check(make(2, 4, 4, 24, 24, 8), 2, Layout::kCont
 
 TEST(ExchangeTest, GroupedKeyHeadsEqualDevices) { check(make(2, 8, 2, 24, 24, 8), 2, Layout::kContiguous); }
 
-TEST(ExchangeTest, GroupedFewerKeyHeadsThanDevices) { check(make(1, 8, 2, 32, 32, 8, 2, true), 4, Layout::kContiguous); }
+TEST(ExchangeTest, GroupedFewerKeyHeadsThanDevices) {
+  check(make(1, 8, 2, 32, 32, 8, 2, true), 4, Layout::kContiguous);
+}
 
 TEST(ExchangeTest, GroupedMoreKeyHeadsThanDevices) { check(make(2, 8, 4, 16, 16, 8), 2, Layout::kContiguous); }
 
