@@ -336,3 +336,28 @@ TEST(LocalPool, MalformedVariablesAreNamed) {
 }
 
 }  // namespace
+
+namespace {
+
+// Open MPI's mpirun serves PMIx to its processes (its own PMIx server; our
+// client is Debian's libpmix), so a pool under mpirun takes the PMIx path.
+TEST(MpirunPool, JoinsThroughOpenMpisPmixServer) {
+  if (dew::testing::run({"sh", "-c", "command -v mpirun"}).exit_code != 0) {
+    GTEST_SKIP() << "mpirun not installed (openmpi-bin, from scripts/install-deps)";
+  }
+  const auto run = dew::testing::run(
+      {"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4", worker(), "exchange"}, {}, std::chrono::seconds(60));
+  ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
+  EXPECT_EQ(dew::testing::occurrences(run.out, "size=4 source=pmix backend=pmix+tcp"), 4) << run.out;
+  EXPECT_EQ(dew::testing::occurrences(run.out, "gather=rank 0|rank 1|rank 2|rank 3 squares=0,1,4,9"), 4) << run.out;
+  EXPECT_THAT(run.err, HasSubstr("[3] Joined the pool: process 3 of 4 (pmix, pmix+tcp)"));
+
+  const auto failed = dew::testing::run(
+      {"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4", worker(), "throw", "2"}, {}, std::chrono::seconds(60));
+  EXPECT_NE(failed.exit_code, 0);
+  EXPECT_LT(failed.seconds, 10.0);
+  EXPECT_EQ(dew::testing::occurrences(failed.out + failed.err, "[2] error: uncaught exception: boom from rank 2"), 1)
+      << failed.err;
+}
+
+}  // namespace
