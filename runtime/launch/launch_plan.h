@@ -1,0 +1,202 @@
+// `dew launch`, the pure part: from the options and a few facts gathered by
+// the edge (the port, the secret, this machine's directory) to the exact
+// environment and command line of every process, the srun command of
+// --slurm, and the splitting of the processes' output into whole lines.
+// Nothing here starts a process or touches a file; runtime/dew/
+// launch_command.cpp does that.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "dew/result.h"
+
+namespace dew::runtime {
+
+// The limits the options are checked against.
+inline constexpr int kMaxProcessesPerHost = 1024;
+inline constexpr int kMaxDevicesPerProcess = 1024;
+inline constexpr int kMaxHosts = 4096;
+
+// The host name that runs its processes directly, without ssh.
+inline constexpr std::string_view kLocalHost = "localhost";
+
+struct LaunchOptions {
+  std::vector<std::string> hosts;  // empty: localhost
+  int processes_per_host = 1;
+  std::optional<int> devices_per_process;
+  std::optional<int> port;
+  std::string coordinator;          // empty: the first host
+  std::vector<std::string> env;     // NAME=VALUE, as given
+  std::string cwd;                  // empty: the launcher's directory
+  bool private_dirs = false;
+  bool slurm = false;
+  std::string ssh_config;           // ssh -F FILE
+  std::vector<std::string> ssh_options;  // ssh -o OPTION each
+  std::vector<std::string> command;
+};
+
+using EnvVar = std::pair<std::string, std::string>;
+
+// True for a shell variable name: [A-Za-z_][A-Za-z0-9_]*.
+bool is_shell_name(std::string_view name);
+
+// Every `--env NAME=VALUE`, split at the first '='. An entry without '=', a
+// name that is not a shell variable name, a name given twice or one the
+// launcher sets itself is an error naming it.
+Result<std::vector<EnvVar>> parse_env_options(const std::vector<std::string>& entries, bool devices_per_process,
+                                              bool private_dirs);
+
+// Checks every option against the others and the limits; the error names
+// the option, its value and what is allowed.
+Result<LaunchOptions> validate(LaunchOptions options);
+
+// The hosts to run on: the given ones, or localhost.
+std::vector<std::string> effective_hosts(const LaunchOptions& options);
+
+// True when every host is localhost (nothing goes over ssh).
+bool all_local(const LaunchOptions& options);
+
+// The host name the other processes reach process 0 at: --coordinator, else
+// the first host; when that is localhost, 127.0.0.1 if every process is local
+// and `local_hostname` (this machine's name) if some are remote.
+std::string coordinator_host(const LaunchOptions& options, const std::string& local_hostname);
+
+// host:port, with brackets around an IPv6 literal.
+std::string coordinator_address(const std::string& host, const std::string& port);
+
+// POSIX shell quoting: the word unchanged when it holds only characters no
+// shell treats specially, else in single quotes (' written as '\'').
+// Byte-exact through any POSIX shell, newlines included.
+std::string shell_quote(std::string_view word);
+
+// Quoting for display on one line: shell_quote, except that a word holding a
+// newline or another control character is written in bash's $'…' form.
+std::string display_quote(std::string_view word);
+
+// `ssh`'s arguments up to and including the host: BatchMode, the config
+// file and options, `--`, the host.
+std::vector<std::string> ssh_prefix(const LaunchOptions& options, const std::string& host);
+
+// The remote side: POSIX sh run by the user's shell through ssh. It makes
+// the private directories, changes to the working directory, exports the
+// variables, then starts the command in its own session (setsid) with stdin
+// from /dev/null and waits for it; a watcher reading the ssh channel's
+// stdin ends the command's whole process group (SIGTERM, then SIGKILL one
+// second later) when that stdin reaches end of file, which is what happens
+// when the launcher stops it or the ssh connection drops. Exits with the
+// command's status (128 + signal when it was killed).
+std::string remote_script(const std::vector<EnvVar>& env, const std::string& cwd,
+                          const std::vector<std::string>& make_dirs, const std::vector<std::string>& command);
+
+struct ProcessSpec {
+  int rank = 0;
+  int local_rank = 0;
+  std::string host;
+  bool local = true;
+  std::vector<EnvVar> env;             // set on top of the inherited environment
+  std::string cwd;                     // where it starts
+  std::vector<std::string> make_dirs;  // directories made before it starts (--private-dirs)
+  // What the launcher executes: the command itself for a local process
+  // (with `env` added and `cwd` as its directory), ssh for a remote one.
+  std::vector<std::string> argv;
+};
+
+struct LaunchPlan {
+  std::string coordinator;  // host:port
+  std::vector<ProcessSpec> processes;
+};
+
+// Facts the edge gathers before planning.
+struct LaunchFacts {
+  int port = 0;                // the coordinator's port (--port or asked)
+  std::string port_text;       // shown instead of the number when set (a dry run that asks no host)
+  std::string secret;          // DEW_POOL_SECRET: 64 hex digits
+  std::string launcher_cwd;    // the launcher's current directory
+  std::string local_hostname;  // this machine's name
+  std::string private_root;    // --private-dirs: each process gets private_root/<rank>/{work,home,cache}
+};
+
+// The environment and command of every process, rank by rank: host h's
+// local process l is rank h × processes_per_host + l. Expects validated
+// options and parsed env.
+LaunchPlan plan_launch(const LaunchOptions& options, const std::vector<EnvVar>& env, const LaunchFacts& facts);
+
+// One line for --dry-run: `<rank> <host>: <command>`, where the command is
+// `env -C DIR NAME=VALUE… CMD ARGS…` for a local process and the ssh command
+// for a remote one, quoted with display_quote so that it is one line and
+// pastes into bash as the same arguments.
+std::string dry_run_line(const ProcessSpec& process);
+
+// --slurm: true when `srun --help` lists our SPANK plugin's --dew-pool.
+bool srun_has_dew_pool(std::string_view srun_help);
+
+// --slurm: the srun command: srun --ntasks-per-node=N --kill-on-bad-exit=1
+// --export=ALL --label, with the plugin --dew-pool (and
+// --dew-devices-per-process, --dew-port, --dew-coordinator when given),
+// --chdir with --cwd, then the command. An option that needs the plugin
+// without it is an error giving the reason.
+Result<std::vector<std::string>> srun_command(const LaunchOptions& options, bool plugin);
+
+// Where the coordinator's port is drawn from when --port is not given: the
+// SPANK plugin's default range, outside Linux's ephemeral ports
+// (32768-60999), so that no client's outgoing connection holds it (a client
+// retrying a connect to a port in the ephemeral range can even connect to
+// itself).
+inline constexpr int kPortLow = 20000;
+inline constexpr int kPortHigh = 29999;
+
+// A candidate port from a random number: kPortLow + random mod the range.
+int port_candidate(unsigned random);
+
+// POSIX sh (with awk, od and Linux's /proc) that prints a TCP port free on
+// the host it runs on: a random one from [kPortLow, kPortHigh] that no TCP
+// socket (v4 or v6, any state) uses. What the launcher runs over ssh to ask a
+// remote first host, so the remote side needs nothing but its shell.
+std::string free_port_script();
+
+// The port in the script's reply ("41234\n"), or an error quoting it.
+Result<int> parse_port_reply(std::string_view reply, const std::string& host);
+
+// The first 12 hex digits of a hash-free id: the name of a launch's private
+// root, /tmp/dew-launch-<id>.
+std::string private_root_for(std::string_view id);
+
+// 64 lowercase hex digits of `bytes` (32 of them for a secret).
+std::string hex(const unsigned char* bytes, std::size_t size);
+
+// Splits a byte stream into whole lines (without their '\n'). A line longer
+// than `max_line` bytes is cut there so memory stays bounded.
+class LineSplitter {
+ public:
+  explicit LineSplitter(std::size_t max_line = 1 << 20) : max_line_(max_line) {}
+  // The lines completed by this chunk.
+  std::vector<std::string> feed(std::string_view chunk);
+  // The unterminated rest at end of stream, if any.
+  std::optional<std::string> finish();
+
+ private:
+  std::size_t max_line_;
+  std::string pending_;
+};
+
+// "[rank] line\n": one write for one line.
+std::string rank_line(int rank, std::string_view line);
+
+// srun --label output "   3: text" as "[3] text\n"; any other line (srun's
+// own messages) unchanged, with its newline.
+std::string relabel_srun_line(std::string_view line);
+
+// How a process ended, from its wait status: "exited with code 3", "was
+// killed by signal 9 (Killed)".
+std::string describe_wait_status(int status);
+
+// The launcher's exit code for a process's wait status: the code, or
+// 128 + signal.
+int exit_code_of(int status);
+
+}  // namespace dew::runtime
