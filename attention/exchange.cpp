@@ -51,6 +51,11 @@ Result<Geometry> geometry(Exchange exchange, const Communicator& comm, const Sha
   }
   g.ls = d.query_length / g.n;
   g.lks = d.key_length / g.n;
+  if (call.bias.data != nullptr &&
+      (call.bias.batch_stride < -1 || call.bias.head_stride < -1 || call.bias.row_stride < -1)) {
+    return Error{"exchange: bias strides " + str(call.bias.batch_stride) + ", " + str(call.bias.head_stride) + ", " +
+                 str(call.bias.row_stride) + " are not allowed; allowed: >= 0, or -1 for the dense layout"};
+  }
   if (call.query_segments.empty() != call.key_segments.empty()) {
     return Error{"exchange: segments given for " + std::string(call.query_segments.empty() ? "keys" : "queries") +
                  " only; allowed: both or neither"};
@@ -176,6 +181,28 @@ HeadSplit head_split(const Dims& d, int n) {
   return split;
 }
 
+// The dense bias [nb][nh][rows][columns] of batch entries [b0, b0 + nb) and
+// heads [h0, h0 + nh) at these whole-sequence positions; empty without bias.
+template <typename T>
+std::vector<T> local_bias(const ShardCall<T>& call, int b0, int nb, int h0, int nh,
+                          const std::vector<std::int64_t>& rows, const std::vector<std::int64_t>& columns) {
+  std::vector<T> out;
+  const Bias<T>& bias = call.bias;
+  if (bias.data == nullptr) return out;
+  const Dims& d = call.dims;
+  const std::int64_t rs = bias.row_stride == -1 ? d.key_length : bias.row_stride;
+  const std::int64_t hs = bias.head_stride == -1 ? d.query_length * d.key_length : bias.head_stride;
+  const std::int64_t bs = bias.batch_stride == -1 ? d.heads * d.query_length * d.key_length : bias.batch_stride;
+  out.reserve(std::size_t(nb) * std::size_t(nh) * rows.size() * columns.size());
+  for (int b = b0; b < b0 + nb; ++b)
+    for (int h = h0; h < h0 + nh; ++h)
+      for (const std::int64_t r : rows) {
+        const T* row = bias.data + b * bs + h * hs + r * rs;
+        for (const std::int64_t c : columns) out.push_back(row[c]);
+      }
+  return out;
+}
+
 void add_stats(Stats& total, const Stats& s) {
   total.skipped += s.skipped;
   total.partial += s.partial;
@@ -219,6 +246,8 @@ struct LocalRuns {
         in.scale = call.scale;
         in.query_block = call.query_block;
         in.key_block = call.key_block;
+        const std::vector<T> bias = local_bias(call, b, 1, mine + ja, jb - ja, g.q_order, g.k_order);
+        if (!bias.empty()) in.bias.data = bias.data();
         auto stats = body(in, b, u, ja);
         if (!stats.ok()) return stats;
         add_stats(total, stats.value());
@@ -279,6 +308,8 @@ Result<Stats> exchange_forward(Exchange exchange, Communicator& comm, const Shar
     in.scale = call.scale;
     in.query_block = call.query_block;
     in.key_block = call.key_block;
+    const std::vector<T> bias = local_bias(call, 0, d.batch, 0, d.heads, g.q_mine, g.k_order);
+    if (!bias.empty()) in.bias.data = bias.data();
     return forward<T>(in, out, lse);
   }
 
@@ -349,6 +380,8 @@ Result<Stats> exchange_backward(Exchange exchange, Communicator& comm, const Sha
     in.scale = call.scale;
     in.query_block = call.query_block;
     in.key_block = call.key_block;
+    const std::vector<T> bias = local_bias(call, 0, d.batch, 0, d.heads, g.q_mine, g.k_order);
+    if (!bias.empty()) in.bias.data = bias.data();
     std::vector<T> dk(k.value().size()), dv(v.value().size()), ds(grads.sinks ? std::size_t(d.heads) : 0);
     auto stats = backward<T>(in, out, lse, d_out,
                              Gradients<T>{grads.query, dk.data(), dv.data(), grads.sinks ? ds.data() : nullptr});

@@ -45,6 +45,11 @@ struct ShardCall {
   // batch x key_length), the same on every device; both or neither.
   std::span<const std::int32_t> query_segments;
   std::span<const std::int32_t> key_segments;
+  // Additive bias over the WHOLE sequences (rows: query positions, columns:
+  // key positions; strides as in attention.h, -1 for batch x H x
+  // query_length x key_length), readable on every device; each device reads
+  // the part its kernel needs.
+  Bias<T> bias;
   const T* sinks = nullptr;  // H
   double scale = 0;
   int query_block = 128;

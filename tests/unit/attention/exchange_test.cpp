@@ -74,6 +74,7 @@ template <typename T>
 std::vector<Device<T>> run_exchange(const Case& c, int n, Exchange exchange, Layout layout) {
   const Dims& d = c.dims;
   const auto q = as<T>(c.q), k = as<T>(c.k), v = as<T>(c.v), d_out = as<T>(c.d_out), s = as<T>(c.s);
+  const auto bias_values = as<T>(c.b);
   std::vector<Device<T>> devices(static_cast<std::size_t>(n));
   KeyValue store = local_key_value();
   std::vector<std::thread> threads;
@@ -108,6 +109,7 @@ std::vector<Device<T>> run_exchange(const Case& c, int n, Exchange exchange, Lay
       call.query_segments = c.query_segments;
       call.key_segments = c.key_segments;
       call.sinks = c.sinks ? s.data() : nullptr;
+      if (c.bias) call.bias.data = bias_values.data();
       call.query_block = c.query_block;
       call.key_block = c.key_block;
       dev.out.assign(dev.q.size(), T(7));
@@ -241,6 +243,15 @@ TEST(ExchangeTest, DocumentsAcrossShardAndChunkEdges) {
   c.causal = true;
   check(c, 4, Layout::kChunkPairs);
   check(c, 2, Layout::kContiguous);
+}
+
+TEST(ExchangeTest, Bias) {
+  Case c = make(2, 4, 2, 16, 16, 8, 14);
+  c.bias = true;
+  dew::attention::testing::fill(c, 14);
+  check(c, 2, Layout::kChunkPairs);
+  c.causal = true;
+  check(c, 4, Layout::kContiguous);
 }
 
 TEST(ExchangeTest, WindowWithSinks) {
