@@ -55,6 +55,11 @@ Result<std::unique_ptr<PmixSession>> PmixSession::init() {
   if (auto local = job_u32(PMIX_LOCAL_RANK, g_self); local.ok()) id.local_rank = static_cast<int>(local.value());
   if (auto local_size = job_u32(PMIX_LOCAL_SIZE, job); local_size.ok()) id.local_size = static_cast<int>(local_size.value());
   if (auto node = job_u32(PMIX_NODEID, g_self); node.ok()) id.node = static_cast<int>(node.value());
+  pmix_value_t* host = nullptr;
+  if (PMIx_Get(&g_self, PMIX_HOSTNAME, nullptr, 0, &host) == PMIX_SUCCESS && host != nullptr) {
+    if (host->type == PMIX_STRING && host->data.string != nullptr) id.hostname = host->data.string;
+    PMIX_VALUE_RELEASE(host);
+  }
   if (id.rank < 0 || id.rank >= id.size) {
     return Error{"PMIx gives rank " + std::to_string(id.rank) + " outside a job of " + std::to_string(id.size)};
   }

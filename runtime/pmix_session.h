@@ -17,6 +17,7 @@ struct PmixIdentity {
   int local_rank = 0;
   int local_size = 1;
   int node = 0;
+  std::string hostname;  // empty when the server does not say
   std::string nspace;
 };
 

@@ -261,9 +261,11 @@ Pool join(JoinOptions options) {
     id.local_rank = p.local_rank;
     id.local_size = p.local_size;
     id.node = p.node;
+    id.hostname = p.hostname;
     if (id.size == 1 && !options.multi_host) id.why += "; one process: no pool";
   }
 
+  if (id.hostname.empty()) id.hostname = hostname();
   const bool pooled = id.size > 1 && id.source != PoolSource::kAlone;
   if (pooled) {
     if (state->pmix) {

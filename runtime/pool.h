@@ -53,6 +53,7 @@ struct Identity {
   int local_rank = 0;
   int local_size = 1;
   int node = 0;
+  std::string hostname;        // PMIx's PMIX_HOSTNAME, else gethostname(); filled by join()
   std::optional<Address> coordinator;
   std::string coordinator_from;  // the variable (or rule) it came from
   bool pmix = false;           // a PMIx server is there: PMIx fences and abort are used

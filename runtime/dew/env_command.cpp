@@ -2,6 +2,8 @@
 // here would be told: the first thing to run inside a misbehaving srun.
 // It resolves the identity exactly as join() does (PMIx included) but
 // starts no service and meets no peer.
+#include <unistd.h>
+
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -52,6 +54,11 @@ int run(const EnvOptions& options) {
     id.local_rank = p.local_rank;
     id.local_size = p.local_size;
     id.node = p.node;
+    id.hostname = p.hostname;
+  }
+  if (id.hostname.empty()) {
+    char name[256] = {};
+    if (gethostname(name, sizeof name - 1) == 0) id.hostname = name;
   }
   const bool pooled = id.size > 1 && id.source != runtime::PoolSource::kAlone;
   const bool has_secret = env.count("DEW_POOL_SECRET") && !env.at("DEW_POOL_SECRET").empty();
@@ -91,6 +98,7 @@ int run(const EnvOptions& options) {
         {"local_rank", id.local_rank},
         {"local_size", id.local_size},
         {"node", id.node},
+        {"hostname", id.hostname},
         {"coordinator", coordinator.empty() ? nlohmann::json(nullptr) : nlohmann::json(coordinator)},
         {"coordinator_from", id.coordinator_from},
         {"backend", backend.substr(0, backend.find(':'))},
@@ -107,7 +115,8 @@ int run(const EnvOptions& options) {
   }
   std::cout << "source:       " << runtime::source_name(id.source) << " (" << id.why << ")\n"
             << "process:      " << id.rank << " of " << id.size << "\n"
-            << "local:        " << id.local_rank << " of " << id.local_size << " on node " << id.node << "\n"
+            << "local:        " << id.local_rank << " of " << id.local_size << " on node " << id.node << " ("
+            << id.hostname << ")\n"
             << "coordinator:  " << (coordinator.empty() ? "none" : coordinator)
             << (id.coordinator_from.empty() ? "" : " (from " + id.coordinator_from + ")") << "\n"
             << "backend:      " << backend << "\n"

@@ -71,7 +71,7 @@ TEST(SlurmPool, DewEnvShowsTheResolvedIdentity) {
   ASSERT_EQ(pmix.exit_code, 0) << pmix.err;
   EXPECT_THAT(pmix.out, HasSubstr("1: source:       pmix"));
   EXPECT_THAT(pmix.out, HasSubstr("1: process:      1 of 2"));
-  EXPECT_THAT(pmix.out, HasSubstr("1: local:        0 of 1 on node 1"));
+  EXPECT_THAT(pmix.out, HasSubstr("1: local:        0 of 1 on node 1 ("));
 }
 
 }  // namespace
