@@ -7,6 +7,7 @@
 // positions, so masks still hold).
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,62 @@ namespace dew::attention {
 namespace {
 
 std::string str(std::int64_t v) { return std::to_string(v); }
+
+// Buffers of the exchanges: uninitialized (every element is written before
+// it is read) and kept mapped between calls in a small per-thread free list.
+// The exchanges move tens of MiB per call; fresh allocations are mmap'ed and
+// page-faulted in again every call, which on a virtual machine cost as much
+// as the copies themselves (perf: ~10 % of a call in page faults).
+struct Block {
+  std::unique_ptr<std::byte[]> bytes;
+  std::size_t size = 0;
+};
+
+constexpr std::size_t kKeptBlocks = 16;
+thread_local std::vector<Block> free_blocks;
+
+Block take_block(std::size_t size) {
+  auto best = free_blocks.end();
+  for (auto it = free_blocks.begin(); it != free_blocks.end(); ++it)
+    if (it->size >= size && (best == free_blocks.end() || it->size < best->size)) best = it;
+  if (best != free_blocks.end()) {
+    Block block = std::move(*best);
+    free_blocks.erase(best);
+    return block;
+  }
+  return {std::make_unique_for_overwrite<std::byte[]>(std::max<std::size_t>(size, 1)), size};
+}
+
+void give_block(Block block) {
+  free_blocks.push_back(std::move(block));
+  if (free_blocks.size() > kKeptBlocks) {  // drop the smallest
+    auto smallest = std::min_element(free_blocks.begin(), free_blocks.end(),
+                                     [](const Block& a, const Block& b) { return a.size < b.size; });
+    free_blocks.erase(smallest);
+  }
+}
+
+template <typename T>
+class Scratch {
+ public:
+  explicit Scratch(std::size_t n) : block_(take_block(n * sizeof(T))), size_(n) {}
+  ~Scratch() {
+    if (block_.bytes) give_block(std::move(block_));
+  }
+  Scratch(Scratch&& other) noexcept : block_(std::move(other.block_)), size_(other.size_) {}
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  Scratch& operator=(Scratch&&) = delete;
+  T* data() { return reinterpret_cast<T*>(block_.bytes.get()); }
+  const T* data() const { return reinterpret_cast<const T*>(block_.bytes.get()); }
+  std::size_t size() const { return size_; }
+  operator std::span<T>() { return {data(), size_}; }              // NOLINT: implicit by design
+  operator std::span<const T>() const { return {data(), size_}; }  // NOLINT: implicit by design
+
+ private:
+  Block block_;
+  std::size_t size_;
+};
 
 struct Geometry {
   int n = 1, rank = 0;
@@ -86,12 +143,12 @@ std::vector<std::int32_t> segments_at(std::span<const std::int32_t> whole, int b
 // heads [start[d], start[d] + count); returns the whole sequence of the heads
 // this device was sent, [B][count][N len][w] in shard order.
 template <typename T>
-Result<std::vector<T>> to_whole_sequence(Communicator& comm, const T* shard, int batch, int hs, std::int64_t len,
+Result<Scratch<T>> to_whole_sequence(Communicator& comm, const T* shard, int batch, int hs, std::int64_t len,
                                          std::int64_t w, const std::vector<int>& start, int count) {
   const int n = comm.size();
   const std::size_t row = std::size_t(len * w);
   const std::size_t chunk = std::size_t(batch) * std::size_t(count) * row;
-  std::vector<T> send(chunk * std::size_t(n)), recv(send.size());
+  Scratch<T> send(chunk * std::size_t(n)), recv(send.size());
   for (int d = 0; d < n; ++d)
     for (int b = 0; b < batch; ++b)
       for (int j = 0; j < count; ++j)
@@ -99,7 +156,7 @@ Result<std::vector<T>> to_whole_sequence(Communicator& comm, const T* shard, int
                     shard + std::size_t(b * hs + start[std::size_t(d)] + j) * row, row * sizeof(T));
   auto done = comm.all_to_all<T>(send, recv);
   if (!done.ok()) return done.error();
-  std::vector<T> whole(send.size());
+  Scratch<T> whole(send.size());
   for (int s = 0; s < n; ++s)
     for (int b = 0; b < batch; ++b)
       for (int j = 0; j < count; ++j)
@@ -117,7 +174,7 @@ Result<Done> to_shard(Communicator& comm, const T* whole, int batch, int count, 
   const int n = comm.size();
   const std::size_t row = std::size_t(len * w);
   const std::size_t chunk = std::size_t(batch) * std::size_t(count) * row;
-  std::vector<T> send(chunk * std::size_t(n)), recv(send.size());
+  Scratch<T> send(chunk * std::size_t(n)), recv(send.size());
   for (int d = 0; d < n; ++d)
     for (int b = 0; b < batch; ++b)
       for (int j = 0; j < count; ++j)
@@ -142,15 +199,15 @@ Result<Done> to_shard(Communicator& comm, const T* whole, int batch, int count, 
 
 // Gathers [B][k][lks][w] shards into [B][k][N lks][w] in shard order.
 template <typename T>
-Result<std::vector<T>> gather_whole(Communicator& comm, const T* shard, int batch, int k, std::int64_t lks,
+Result<Scratch<T>> gather_whole(Communicator& comm, const T* shard, int batch, int k, std::int64_t lks,
                                     std::int64_t w) {
   const int n = comm.size();
   const std::size_t row = std::size_t(lks * w);
   const std::size_t chunk = std::size_t(batch) * std::size_t(k) * row;
-  std::vector<T> recv(chunk * std::size_t(n));
+  Scratch<T> recv(chunk * std::size_t(n));
   auto done = comm.all_gather<T>(std::span<const T>(shard, chunk), recv);
   if (!done.ok()) return done.error();
-  std::vector<T> whole(recv.size());
+  Scratch<T> whole(recv.size());
   for (int s = 0; s < n; ++s)
     for (int bk = 0; bk < batch * k; ++bk)
       std::memcpy(whole.data() + (std::size_t(bk) * std::size_t(n) + std::size_t(s)) * row,
@@ -321,7 +378,7 @@ Result<Stats> exchange_forward(Exchange exchange, Communicator& comm, const Shar
   auto v = to_whole_sequence(comm, call.value, d.batch, d.kv_heads, g.lks, w, split.kv_start, split.count);
   if (!v.ok()) return v.error();
   const std::int64_t lq = d.query_length, lk = d.key_length;
-  std::vector<T> o(q.value().size()), l(std::size_t(d.batch) * std::size_t(split.per_device) * std::size_t(lq));
+  Scratch<T> o(q.value().size()), l(std::size_t(d.batch) * std::size_t(split.per_device) * std::size_t(lq));
   LocalRuns<T> runs{call, g, split, segments_at(call.query_segments, d.batch, lq, g.q_order),
                     segments_at(call.key_segments, d.batch, lk, g.k_order)};
   auto stats = runs.each([&](Inputs<T>& in, int b, int u, int ja) {
@@ -382,7 +439,8 @@ Result<Stats> exchange_backward(Exchange exchange, Communicator& comm, const Sha
     in.key_block = call.key_block;
     const std::vector<T> bias = local_bias(call, 0, d.batch, 0, d.heads, g.q_mine, g.k_order);
     if (!bias.empty()) in.bias.data = bias.data();
-    std::vector<T> dk(k.value().size()), dv(v.value().size()), ds(grads.sinks ? std::size_t(d.heads) : 0);
+    Scratch<T> dk(k.value().size()), dv(v.value().size());  // the kernel writes every element
+    std::vector<T> ds(grads.sinks ? std::size_t(d.heads) : 0);
     auto stats = backward<T>(in, out, lse, d_out,
                              Gradients<T>{grads.query, dk.data(), dv.data(), grads.sinks ? ds.data() : nullptr});
     if (!stats.ok()) return stats;
@@ -390,7 +448,7 @@ Result<Stats> exchange_backward(Exchange exchange, Communicator& comm, const Sha
     // each shard's positions to it.
     const std::size_t row = std::size_t(g.lks * w);
     const std::size_t chunk = std::size_t(d.batch) * std::size_t(d.kv_heads) * row;
-    std::vector<T> send(chunk * std::size_t(g.n));
+    Scratch<T> send(chunk * std::size_t(g.n));
     for (auto [whole, target] : {std::pair{&dk, grads.key}, std::pair{&dv, grads.value}}) {
       for (int s = 0; s < g.n; ++s)
         for (int bk = 0; bk < d.batch * d.kv_heads; ++bk)
@@ -427,7 +485,10 @@ Result<Stats> exchange_backward(Exchange exchange, Communicator& comm, const Sha
   auto dout = to_whole_sequence(comm, d_out, d.batch, d.heads, g.ls, w, split.q_start, hn);
   if (!dout.ok()) return dout.error();
   const std::int64_t lq = d.query_length, lk = d.key_length;
-  std::vector<T> dq(q.value().size()), dk(k.value().size()), dv(v.value().size());
+  Scratch<T> dq(q.value().size());  // every head written by one local run
+  Scratch<T> dk(k.value().size()), dv(v.value().size());
+  std::fill(dk.data(), dk.data() + dk.size(), T(0));  // key heads no local run reads stay 0
+  std::fill(dv.data(), dv.data() + dv.size(), T(0));
   std::vector<T> ds(static_cast<std::size_t>(hn), T(0));
   std::vector<T> ds_part(static_cast<std::size_t>(hn));
   LocalRuns<T> runs{call, g, split, segments_at(call.query_segments, d.batch, lq, g.q_order),
