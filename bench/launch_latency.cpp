@@ -148,16 +148,17 @@ int main(int argc, char** argv) {
   std::printf("load avg:  %s (at start)\n", first_line("/proc/loadavg").substr(0, 14).c_str());
   std::printf("dew:       %s --processes-per-host N -- %s\n", DEW_EXE, RENDEZVOUS_EXE);
   std::printf("mpirun:    mpirun --allow-run-as-root --oversubscribe -np N %s\n", MPI_BARRIER_EXE);
-  std::printf("timed:     from the launcher's start to process 0 seeing all N joined (whole: to the launcher's exit)\n");
+  std::printf(
+      "timed:     from the launcher's start to process 0 seeing all N joined (whole: to the launcher's exit)\n");
   std::printf("runs:      %d of each per size, interleaved, after 1 uncounted warm-up of each\n\n", runs);
   std::printf("  N   variant   runs   median    min      max    whole median  (seconds)\n");
 
   bool met = true;
   for (const int n : sizes) {
-    const std::vector<std::string> dew = {DEW_EXE, "launch", "--processes-per-host", std::to_string(n), "--",
-                                          RENDEZVOUS_EXE};
-    const std::vector<std::string> mpi = {"mpirun", "--allow-run-as-root", "--oversubscribe", "-np",
-                                          std::to_string(n), MPI_BARRIER_EXE};
+    const std::vector<std::string> dew = {DEW_EXE,           "launch", "--processes-per-host",
+                                          std::to_string(n), "--",     RENDEZVOUS_EXE};
+    const std::vector<std::string> mpi = {"mpirun", "--allow-run-as-root", "--oversubscribe",
+                                          "-np",    std::to_string(n),     MPI_BARRIER_EXE};
     run_once(dew);
     run_once(mpi);
     std::vector<double> dew_joined, dew_whole, mpi_joined, mpi_whole;

@@ -416,8 +416,8 @@ class Supervisor {
         if (p->rank < 0) {
           say("srun " + rt::describe_wait_status(status));
         } else {
-          std::string line = "rank " + std::to_string(p->rank) + " on " + p->host + " " +
-                             rt::describe_wait_status(status);
+          std::string line =
+              "rank " + std::to_string(p->rank) + " on " + p->host + " " + rt::describe_wait_status(status);
           if (p->remote && WIFEXITED(status) && WEXITSTATUS(status) == 255) {
             line += " (ssh's code for a failed connection or login; " + ssh_hint(p->host) + ")";
           }
@@ -570,8 +570,8 @@ int run_launch(LaunchArgs& args) {
   if (!o.cwd.empty()) {
     const std::string& cwd = plan.processes.front().cwd;
     std::error_code error;
-    if (!rt::all_local(o) ? false : !std::filesystem::is_directory(cwd, error)) {
-      say("--cwd: '" + o.cwd + "' is not a directory here; allowed: a directory that exists on every host");
+    if (rt::all_local(o) && !std::filesystem::is_directory(cwd, error)) {
+      say("--cwd: " + rt::shown(o.cwd) + " is not a directory here; allowed: a directory that exists on every host");
       return 2;
     }
   }
@@ -619,34 +619,42 @@ void add_launch_command(CLI::App& app) {
       "DEW_LOCAL_PROCESS_COUNT, DEW_COORDINATOR_ADDRESS, JAX_COORDINATOR_ADDRESS and a fresh DEW_POOL_SECRET. "
       "Every output line starts with [rank]. When a process fails the others get SIGTERM, then SIGKILL after "
       "1 s, and dew launch exits with its code; Ctrl-C or SIGTERM stops every process, remote ones too");
-  launch->add_option("--hosts", args->options.hosts,
-                     "Hosts in rank order, process 0's first; localhost runs without ssh (default: localhost). "
-                     "Remote hosts run the command in the user's shell without a login profile: give the program "
-                     "as an absolute path")
+  launch
+      ->add_option("--hosts", args->options.hosts,
+                   "Hosts in rank order, process 0's first; localhost runs without ssh (default: localhost). "
+                   "Remote hosts run the command in the user's shell without a login profile: give the program "
+                   "as an absolute path")
       ->type_name("HOST ...");
   launch->add_option("--processes-per-host", args->processes_per_host, "Processes on each host (1-1024; default 1)")
       ->type_name("N");
-  args->devices_option = launch->add_option("--devices-per-process", args->devices_per_process,
-                     "Local process k takes devices [kN, (k+1)N): CUDA_VISIBLE_DEVICES=kN,... and "
-                     "JAX_LOCAL_DEVICE_IDS=0,...,N-1 (1-1024; default: every process sees every device)")
-      ->type_name("N");
-  args->port_option = launch->add_option("--port", args->port,
-                     "Coordinator port (1-65535; default: a random one from 20000-29999 that is free on the first "
-                     "host when the launch starts, asked over ssh with a POSIX sh + awk query for a remote first "
-                     "host)")
-      ->type_name("PORT");
-  launch->add_option("--coordinator", args->options.coordinator,
-                     "The name other hosts reach the first host by (default: the first host; this machine's "
-                     "name when that is localhost and other hosts are remote)")
+  args->devices_option =
+      launch
+          ->add_option("--devices-per-process", args->devices_per_process,
+                       "Local process k takes devices [kN, (k+1)N): CUDA_VISIBLE_DEVICES=kN,... and "
+                       "JAX_LOCAL_DEVICE_IDS=0,...,N-1 (1-1024; default: every process sees every device)")
+          ->type_name("N");
+  args->port_option =
+      launch
+          ->add_option("--port", args->port,
+                       "Coordinator port (1-65535; default: a random one from 20000-29999 that is free on the first "
+                       "host when the launch starts, asked over ssh with a POSIX sh + awk query for a remote first "
+                       "host)")
+          ->type_name("PORT");
+  launch
+      ->add_option("--coordinator", args->options.coordinator,
+                   "The name other hosts reach the first host by (default: the first host; this machine's "
+                   "name when that is localhost and other hosts are remote)")
       ->type_name("HOST");
-  launch->add_option("--env", args->options.env,
-                     "Set NAME=VALUE for every process (repeatable); NAME must be a shell variable name; the value "
-                     "arrives byte for byte, whatever quotes, $(), ; or newlines it holds")
+  launch
+      ->add_option("--env", args->options.env,
+                   "Set NAME=VALUE for every process (repeatable); NAME must be a shell variable name; the value "
+                   "arrives byte for byte, whatever quotes, $(), ; or newlines it holds")
       ->type_name("NAME=VALUE")
       ->allow_extra_args(false);
-  launch->add_option("--cwd", args->options.cwd,
-                     "Start every process in DIR, which must exist at that path on every host (default: the "
-                     "current directory)")
+  launch
+      ->add_option("--cwd", args->options.cwd,
+                   "Start every process in DIR, which must exist at that path on every host (default: the "
+                   "current directory)")
       ->type_name("DIR");
   launch->add_flag("--private-dirs", args->options.private_dirs,
                    "Rehearsal: every process starts in a directory of its own, /tmp/dew-launch-<id>/<rank>/work, "
@@ -656,8 +664,9 @@ void add_launch_command(CLI::App& app) {
                    "--export=ALL (--env variables in srun's environment), with --dew-pool when Dew's SPANK plugin "
                    "is loaded (srun --help lists --dew-pool); --devices-per-process, --port and --coordinator "
                    "become --dew-* options and are refused without the plugin");
-  launch->add_option("--ssh-config", args->options.ssh_config,
-                     "ssh -F FILE for every ssh the launcher runs (default: $DEW_LAUNCH_SSH_CONFIG, else ssh's own)")
+  launch
+      ->add_option("--ssh-config", args->options.ssh_config,
+                   "ssh -F FILE for every ssh the launcher runs (default: $DEW_LAUNCH_SSH_CONFIG, else ssh's own)")
       ->envname("DEW_LAUNCH_SSH_CONFIG")
       ->type_name("FILE");
   launch->add_option("--ssh-option", args->options.ssh_options, "ssh -o OPTION for every ssh (repeatable)")
@@ -668,8 +677,9 @@ void add_launch_command(CLI::App& app) {
                    "CMD` or the ssh command, in bash quoting), and run nothing");
   // The program is one positional and everything after it is left unparsed
   // (prefix_command), so the command's own options never reach CLI11.
-  launch->add_option("command", args->program,
-                     "The program and its arguments, after --, such as -- /opt/venv/bin/python train.py")
+  launch
+      ->add_option("command", args->program,
+                   "The program and its arguments, after --, such as -- /opt/venv/bin/python train.py")
       ->type_name("CMD [ARGS...]");
   launch->prefix_command();
   args->app = launch;

@@ -55,12 +55,12 @@ Result<std::vector<EnvVar>> parse_env_options(const std::vector<std::string>& en
   for (const auto& entry : entries) {
     const auto equals = entry.find('=');
     if (equals == std::string::npos) {
-      return Error{"--env: '" + entry + "' is not allowed; allowed: NAME=VALUE, such as --env NCCL_P2P_DISABLE=1"};
+      return Error{"--env: " + shown(entry) + " is not allowed; allowed: NAME=VALUE, such as --env NCCL_P2P_DISABLE=1"};
     }
     std::string name = entry.substr(0, equals);
     if (!is_shell_name(name)) {
-      return Error{"--env: the name '" + name + "' in '" + entry +
-                   "' is not allowed; allowed: a shell variable name (letters, digits and _, not starting with a "
+      return Error{"--env: the name " + shown(name) + " in " + shown(entry) +
+                   " is not allowed; allowed: a shell variable name (letters, digits and _, not starting with a "
                    "digit)"};
     }
     bool reserved = std::find(std::begin(kPoolVariables), std::end(kPoolVariables), name) != std::end(kPoolVariables);
@@ -107,19 +107,20 @@ Result<LaunchOptions> validate(LaunchOptions options) {
     const bool bad = host.empty() || host[0] == '-' || host.size() > 255 ||
                      std::any_of(host.begin(), host.end(), [](unsigned char c) { return c <= ' ' || c == 0x7f; });
     if (bad) {
-      return Error{"--hosts: '" + host +
-                   "' is not allowed; allowed: a host name or address as ssh takes it (no spaces or control "
+      return Error{"--hosts: " + shown(host) +
+                   " is not allowed; allowed: a host name or address as ssh takes it (no spaces or control "
                    "characters, not starting with -), or localhost"};
     }
     if (!seen.insert(host).second) {
-      return Error{"--hosts: '" + host + "' is listed twice; allowed: each host once (use --processes-per-host N "
+      return Error{"--hosts: '" + host +
+                   "' is listed twice; allowed: each host once (use --processes-per-host N "
                    "for several processes on one host)"};
     }
   }
   if (!options.coordinator.empty()) {
     const auto& host = options.coordinator;
     if (host[0] == '-' || std::any_of(host.begin(), host.end(), [](unsigned char c) { return c <= ' '; })) {
-      return Error{"--coordinator: '" + host + "' is not allowed; allowed: a host name or address"};
+      return Error{"--coordinator: " + shown(host) + " is not allowed; allowed: a host name or address"};
     }
   }
   if (options.private_dirs && !options.cwd.empty()) {
@@ -185,11 +186,21 @@ std::string display_quote(std::string_view word) {
   for (const char c : word) {
     const auto u = static_cast<unsigned char>(c);
     switch (c) {
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
-      case '\\': out += "\\\\"; break;
-      case '\'': out += "\\'"; break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\'':
+        out += "\\'";
+        break;
       default:
         if (u < 0x20 || u == 0x7f) {
           static constexpr char kDigits[] = "0123456789abcdef";
@@ -202,6 +213,11 @@ std::string display_quote(std::string_view word) {
     }
   }
   return out + "'";
+}
+
+std::string shown(std::string_view value) {
+  const std::string quoted = display_quote(value);
+  return quoted.rfind("$'", 0) == 0 ? quoted : "'" + std::string(value) + "'";
 }
 
 std::vector<std::string> ssh_prefix(const LaunchOptions& options, const std::string& host) {
@@ -225,8 +241,8 @@ std::string remote_script(const std::vector<EnvVar>& env, const std::string& cwd
   }
   script += "exec 3<&0; setsid " + join_words(command, shell_quote) + " </dev/null & p=$!; ";
   script +=
-      "{ while read -r _ <&3; do :; done; kill -TERM -- -$p 2>/dev/null || kill -TERM $p 2>/dev/null; sleep 1; "
-      "kill -KILL -- -$p 2>/dev/null; } </dev/null >/dev/null 2>&1 & w=$!; ";
+      "{ while read -r _ <&3; do :; done; kill -TERM -$p 2>/dev/null || kill -TERM $p 2>/dev/null; sleep 1; "
+      "kill -KILL -$p 2>/dev/null; } </dev/null >/dev/null 2>&1 & w=$!; ";
   script += "wait $p; s=$?; kill $w 2>/dev/null; exit $s";
   return script;
 }
@@ -273,7 +289,8 @@ LaunchPlan plan_launch(const LaunchOptions& options, const std::vector<EnvVar>& 
         p.argv = options.command;
       } else {
         p.argv = ssh_prefix(options, p.host);
-        p.argv.push_back(remote_script(p.env, p.cwd, p.make_dirs, options.command));
+        // Run by sh whatever the user's login shell is (bash, zsh, ksh, dash).
+        p.argv.push_back("sh -c " + shell_quote(remote_script(p.env, p.cwd, p.make_dirs, options.command)));
       }
       plan.processes.push_back(std::move(p));
     }
@@ -334,10 +351,13 @@ std::string free_port_script() {
   return "awk -v seed=\"$(od -An -N4 -tu4 /dev/urandom)\" '"
          "function hex(s, i, n) { n = 0; for (i = 1; i <= length(s); i++) "
          "n = n * 16 + index(\"0123456789ABCDEF\", toupper(substr(s, i, 1))) - 1; return n } "
-         "BEGIN { lo = " + std::to_string(kPortLow) + "; hi = " + std::to_string(kPortHigh) + "; "
+         "BEGIN { lo = " +
+         std::to_string(kPortLow) + "; hi = " + std::to_string(kPortHigh) +
+         "; "
          "for (f = 0; f < 2; f++) { file = f ? \"/proc/net/tcp6\" : \"/proc/net/tcp\"; "
-         "while ((getline line < file) > 0) { split(line, x); n = split(x[2], y, \":\"); if (n > 1) used[hex(y[n])] = 1 } } "
-         "srand(seed); for (t = 0; t < 1000; t++) { p = lo + int(rand() * (hi - lo + 1)); "
+         "while ((getline line < file) > 0) { split(line, x); n = split(x[2], y, \":\"); if (n > 1) used[hex(y[n])] = "
+         "1 } } "
+         "srand(seed % 2147483647); for (t = 0; t < 1000; t++) { p = lo + int(rand() * (hi - lo + 1)); "
          "if (!(p in used)) { print p; exit 0 } } exit 1 }'";
 }
 
@@ -351,8 +371,8 @@ Result<int> parse_port_reply(std::string_view reply, const std::string& host) {
     if (digits) port = port * 10 + (c - '0');
   }
   if (!digits || port < 1 || port > 65535) {
-    return Error{"the free-port query on " + host + " answered '" + std::string(text.substr(0, 200)) +
-                 "'; expected a port number from 1 to 65535 (give --port to skip the query)"};
+    return Error{"the free-port query on " + host + " answered " + shown(text.substr(0, 200)) +
+                 "; expected a port number from 1 to 65535 (give --port to skip the query)"};
   }
   return port;
 }

@@ -30,12 +30,12 @@ struct LaunchOptions {
   int processes_per_host = 1;
   std::optional<int> devices_per_process;
   std::optional<int> port;
-  std::string coordinator;          // empty: the first host
-  std::vector<std::string> env;     // NAME=VALUE, as given
-  std::string cwd;                  // empty: the launcher's directory
+  std::string coordinator;       // empty: the first host
+  std::vector<std::string> env;  // NAME=VALUE, as given
+  std::string cwd;               // empty: the launcher's directory
   bool private_dirs = false;
   bool slurm = false;
-  std::string ssh_config;           // ssh -F FILE
+  std::string ssh_config;                // ssh -F FILE
   std::vector<std::string> ssh_options;  // ssh -o OPTION each
   std::vector<std::string> command;
 };
@@ -78,11 +78,17 @@ std::string shell_quote(std::string_view word);
 // newline or another control character is written in bash's $'…' form.
 std::string display_quote(std::string_view word);
 
+// A value inside an error message, on one line: 'value', or display_quote's
+// $'…' form when it holds a newline or another control character.
+std::string shown(std::string_view value);
+
 // `ssh`'s arguments up to and including the host: BatchMode, the config
 // file and options, `--`, the host.
 std::vector<std::string> ssh_prefix(const LaunchOptions& options, const std::string& host);
 
-// The remote side: POSIX sh run by the user's shell through ssh. It makes
+// The remote side: POSIX sh, run as `sh -c SCRIPT` by the user's login
+// shell through ssh (which must understand POSIX single quotes: bash, zsh,
+// ksh, dash). It makes
 // the private directories, changes to the working directory, exports the
 // variables, then starts the command in its own session (setsid) with stdin
 // from /dev/null and waits for it; a watcher reading the ssh channel's
@@ -102,7 +108,8 @@ struct ProcessSpec {
   std::string cwd;                     // where it starts
   std::vector<std::string> make_dirs;  // directories made before it starts (--private-dirs)
   // What the launcher executes: the command itself for a local process
-  // (with `env` added and `cwd` as its directory), ssh for a remote one.
+  // (with `env` added and `cwd` as its directory), ssh for a remote one
+  // (ending in `sh -c '<remote_script>'`).
   std::vector<std::string> argv;
 };
 

@@ -241,14 +241,13 @@ TEST(LaunchLocal, CwdAndDefaultDirectory) {
 
 TEST(LaunchLocal, EnvValuesArriveByteForByte) {
   TempDir dir;
-  auto r = dew_launch({"--processes-per-host", "2", "--env", "HOSTILE=" + kHostile, "--env", "EMPTY=", "--env",
-                       "XLA_FLAGS=--xla_force_host_platform_device_count=2", "--", "/bin/sh", "-c",
-                       "printf '%s|%s|%s' \"$HOSTILE\" \"${EMPTY-unset}\" \"$XLA_FLAGS\" > " + dir.path() +
-                           "/env.$DEW_PROCESS_ID"});
+  auto r = dew_launch(
+      {"--processes-per-host", "2", "--env", "HOSTILE=" + kHostile, "--env", "EMPTY=", "--env",
+       "XLA_FLAGS=--xla_force_host_platform_device_count=2", "--", "/bin/sh", "-c",
+       "printf '%s|%s|%s' \"$HOSTILE\" \"${EMPTY-unset}\" \"$XLA_FLAGS\" > " + dir.path() + "/env.$DEW_PROCESS_ID"});
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   for (int k = 0; k < 2; ++k) {
-    EXPECT_EQ(read_text(dir / ("env." + std::to_string(k))),
-              kHostile + "||--xla_force_host_platform_device_count=2");
+    EXPECT_EQ(read_text(dir / ("env." + std::to_string(k))), kHostile + "||--xla_force_host_platform_device_count=2");
   }
   EXPECT_FALSE(std::filesystem::exists("/tmp/dew-launch-pwned"));
 }
@@ -359,8 +358,8 @@ TEST(LaunchLocal, LaunchesStartedTogetherGetDifferentPorts) {
 }
 
 TEST(LaunchLocal, PortAndDevicesPerProcess) {
-  auto r = dew_launch({"--processes-per-host", "3", "--devices-per-process", "2", "--port", "29555", "--",
-                       "/bin/sh", "-c", "echo $DEW_COORDINATOR_ADDRESS $CUDA_VISIBLE_DEVICES $JAX_LOCAL_DEVICE_IDS"});
+  auto r = dew_launch({"--processes-per-host", "3", "--devices-per-process", "2", "--port", "29555", "--", "/bin/sh",
+                       "-c", "echo $DEW_COORDINATOR_ADDRESS $CUDA_VISIBLE_DEVICES $JAX_LOCAL_DEVICE_IDS"});
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   EXPECT_THAT(r.out, HasSubstr("[0] 127.0.0.1:29555 0,1 0,1\n"));
   EXPECT_THAT(r.out, HasSubstr("[1] 127.0.0.1:29555 2,3 0,1\n"));
@@ -368,17 +367,16 @@ TEST(LaunchLocal, PortAndDevicesPerProcess) {
 }
 
 TEST(LaunchLocal, PrivateDirsGiveEachProcessItsOwnDirectoryHomeAndCache) {
-  auto r = dew_launch({"--processes-per-host", "2", "--private-dirs", "--", "/bin/sh", "-c",
-                       "echo \"$(pwd) $HOME $DEW_CACHE_DIR\""});
+  auto r = dew_launch(
+      {"--processes-per-host", "2", "--private-dirs", "--", "/bin/sh", "-c", "echo \"$(pwd) $HOME $DEW_CACHE_DIR\""});
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(r.err, m, std::regex("private directories: (/tmp/dew-launch-[0-9a-f]{12})/")))
-      << r.err;
+  ASSERT_TRUE(std::regex_search(r.err, m, std::regex("private directories: (/tmp/dew-launch-[0-9a-f]{12})/"))) << r.err;
   const std::string root = m[1];
   for (int k = 0; k < 2; ++k) {
     const std::string base = root + "/" + std::to_string(k);
-    EXPECT_THAT(r.out, HasSubstr("[" + std::to_string(k) + "] " + base + "/work " + base + "/home " + base +
-                                 "/cache\n"));
+    EXPECT_THAT(r.out,
+                HasSubstr("[" + std::to_string(k) + "] " + base + "/work " + base + "/home " + base + "/cache\n"));
     EXPECT_TRUE(std::filesystem::is_directory(base + "/home"));
     EXPECT_TRUE(std::filesystem::is_directory(base + "/cache"));
   }
@@ -395,8 +393,8 @@ TEST(LaunchLocal, DryRunPrintsTheExactCommandsAndRunsNothing) {
   ASSERT_EQ(lines.size(), 2u) << r.out;
   for (int k = 0; k < 2; ++k) {
     const auto& line = lines[static_cast<std::size_t>(k)];
-    const std::string prefix = std::to_string(k) + " localhost: env -C " + dir.path() + " DEW_PROCESS_ID=" +
-                               std::to_string(k) + " DEW_PROCESS_COUNT=2 ";
+    const std::string prefix = std::to_string(k) + " localhost: env -C " + dir.path() +
+                               " DEW_PROCESS_ID=" + std::to_string(k) + " DEW_PROCESS_COUNT=2 ";
     ASSERT_EQ(line.rfind(prefix, 0), 0u) << line;
     EXPECT_THAT(line, HasSubstr(" DEW_COORDINATOR_ADDRESS=127.0.0.1:29500 "));
     // The printed command, run by bash, is the launch of that process.
@@ -446,9 +444,9 @@ TEST(LaunchLocal, TheCommandAfterHostsAndSeparatorIsKeptWhole) {
 TEST(LaunchLocal, HelpDescribesEveryOption) {
   auto r = dew_launch({"--help"});
   ASSERT_EQ(r.exit_code, 0);
-  for (const char* option : {"--hosts", "--processes-per-host", "--devices-per-process", "--port", "--coordinator",
-                             "--env", "--cwd", "--private-dirs", "--slurm", "--ssh-config", "DEW_LAUNCH_SSH_CONFIG",
-                             "--ssh-option", "--dry-run"}) {
+  for (const char* option :
+       {"--hosts", "--processes-per-host", "--devices-per-process", "--port", "--coordinator", "--env", "--cwd",
+        "--private-dirs", "--slurm", "--ssh-config", "DEW_LAUNCH_SSH_CONFIG", "--ssh-option", "--dry-run"}) {
     EXPECT_THAT(r.out, HasSubstr(option));
   }
 }
@@ -506,8 +504,8 @@ class SshLaunch : public ::testing::Test {
                                         "KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
                                         "MaxStartups 100\nMaxSessions 100\nLogLevel ERROR\n";
     const std::string user = getpwuid(getuid())->pw_name;
-    std::ofstream(d / "ssh_config") << "Host node0 node1 node2\n  HostName 127.0.0.1\n  Port " << port_
-                                    << "\n  User " << user << "\n  IdentityFile " << d / "id"
+    std::ofstream(d / "ssh_config") << "Host node0 node1 node2\n  HostName 127.0.0.1\n  Port " << port_ << "\n  User "
+                                    << user << "\n  IdentityFile " << d / "id"
                                     << "\n  IdentitiesOnly yes\n  StrictHostKeyChecking no\n"
                                        "  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n"
                                     << "Host wrongkey\n  HostName 127.0.0.1\n  Port " << port_ << "\n  User " << user
@@ -572,8 +570,8 @@ TEST_F(SshLaunch, TwoHostsOverSshGetTheirIdentities) {
 }
 
 TEST_F(SshLaunch, LocalAndRemoteHostsMix) {
-  auto r = launch({"--hosts", "localhost", "node1", "--coordinator", "127.0.0.1", "--", "/bin/sh", "-c",
-                   kPrintIdentity});
+  auto r =
+      launch({"--hosts", "localhost", "node1", "--coordinator", "127.0.0.1", "--", "/bin/sh", "-c", kPrintIdentity});
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   auto ids = identities(r.out);
   ASSERT_EQ(ids.size(), 2u) << describe(r);
@@ -584,9 +582,8 @@ TEST_F(SshLaunch, LocalAndRemoteHostsMix) {
 
 TEST_F(SshLaunch, HostileEnvAndArgumentsCrossSshByteForByte) {
   TempDir out;
-  auto r = launch({"--hosts", "node0", "node1", "--cwd", out.path(), "--env", "HOSTILE=" + kHostile, "--",
-                   "/bin/sh", "-c", "printf '%s|%s|%s' \"$HOSTILE\" \"$1\" \"$(pwd)\" > env.$DEW_PROCESS_ID", "sh",
-                   kHostile});
+  auto r = launch({"--hosts", "node0", "node1", "--cwd", out.path(), "--env", "HOSTILE=" + kHostile, "--", "/bin/sh",
+                   "-c", "printf '%s|%s|%s' \"$HOSTILE\" \"$1\" \"$(pwd)\" > env.$DEW_PROCESS_ID", "sh", kHostile});
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   for (int k = 0; k < 2; ++k) {
     EXPECT_EQ(read_text(out / ("env." + std::to_string(k))), kHostile + "|" + kHostile + "|" + out.path());
@@ -595,8 +592,8 @@ TEST_F(SshLaunch, HostileEnvAndArgumentsCrossSshByteForByte) {
 }
 
 TEST_F(SshLaunch, RanksKeepTheirStreams) {
-  auto r = launch({"--hosts", "node0", "node1", "--", "/bin/sh", "-c",
-                   "echo out$DEW_PROCESS_ID; echo err$DEW_PROCESS_ID >&2"});
+  auto r = launch(
+      {"--hosts", "node0", "node1", "--", "/bin/sh", "-c", "echo out$DEW_PROCESS_ID; echo err$DEW_PROCESS_ID >&2"});
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   EXPECT_THAT(r.out, AllOf(HasSubstr("[0] out0\n"), HasSubstr("[1] out1\n"), Not(HasSubstr("err"))));
   EXPECT_THAT(r.err, AllOf(HasSubstr("[0] err0\n"), HasSubstr("[1] err1\n")));
@@ -607,7 +604,9 @@ TEST_F(SshLaunch, ARemoteFailureStopsEveryProcess) {
   const std::string program = "echo $$ > " + dir.path() +
                               "/pid.$DEW_PROCESS_ID; if [ $DEW_PROCESS_ID = 3 ]; then "
                               // fail once every rank runs (ssh logins take seconds on a busy host)
-                              "while [ $(ls " + dir.path() + " | wc -l) -lt 4 ]; do sleep 0.1; done; exit 5; fi; "
+                              "while [ $(ls " +
+                              dir.path() +
+                              " | wc -l) -lt 4 ]; do sleep 0.1; done; exit 5; fi; "
                               "exec sleep 60";
   auto r = launch({"--hosts", "node0", "node1", "--processes-per-host", "2", "--", "/bin/sh", "-c", program}, 30s);
   EXPECT_EQ(r.exit_code, 5) << describe(r);
@@ -619,9 +618,9 @@ TEST_F(SshLaunch, ARemoteFailureStopsEveryProcess) {
 
 TEST_F(SshLaunch, KillingTheSshConnectionEndsTheRemoteProcess) {
   TempDir dir;
-  Background launcher({"--hosts", "node0", "--", "/bin/sh", "-c",
-                       "echo $$ > " + dir.path() + "/pid.$DEW_PROCESS_ID; exec sleep 60"},
-                      dir, "launch", {{"DEW_LAUNCH_SSH_CONFIG", config()}});
+  Background launcher(
+      {"--hosts", "node0", "--", "/bin/sh", "-c", "echo $$ > " + dir.path() + "/pid.$DEW_PROCESS_ID; exec sleep 60"},
+      dir, "launch", {{"DEW_LAUNCH_SSH_CONFIG", config()}});
   ASSERT_TRUE(wait_for_files(dir, "pid.", 1, 20s)) << launcher.err();
   const pid_t remote = pids_in(dir, "pid.", 1).at(0);
   ASSERT_TRUE(alive(remote));
@@ -640,8 +639,8 @@ TEST_F(SshLaunch, KillingTheSshConnectionEndsTheRemoteProcess) {
 
 TEST_F(SshLaunch, SigtermToTheLauncherStopsRemoteProcesses) {
   TempDir dir;
-  Background launcher({"--hosts", "localhost", "node1", "node2", "--coordinator", "127.0.0.1", "--", "/bin/sh",
-                       "-c", "echo $$ > " + dir.path() + "/pid.$DEW_PROCESS_ID; exec sleep 60"},
+  Background launcher({"--hosts", "localhost", "node1", "node2", "--coordinator", "127.0.0.1", "--", "/bin/sh", "-c",
+                       "echo $$ > " + dir.path() + "/pid.$DEW_PROCESS_ID; exec sleep 60"},
                       dir, "launch", {{"DEW_LAUNCH_SSH_CONFIG", config()}});
   ASSERT_TRUE(wait_for_files(dir, "pid.", 3, 20s)) << launcher.err();
   kill(launcher.pid(), SIGTERM);
@@ -674,15 +673,17 @@ TEST_F(SshLaunch, DryRunShowsTheSshCommands) {
   // bash reads the printed line back as the ssh argv; its remote script
   // carries the value quoted for the remote shell.
   auto words = run({"/bin/bash", "-c", "printf '%s\\n' " + lines[1].substr(lines[1].find(": ") + 2)});
-  EXPECT_THAT(words.out, HasSubstr("export V='a'\\''b'; "));
+  // That last word is `sh -c SCRIPT`, SCRIPT quoted once more.
+  EXPECT_THAT(words.out, HasSubstr("\nsh -c 'IFS= read -r DEW_POOL_SECRET"));
+  EXPECT_THAT(words.out, HasSubstr(R"(export V='\''a'\''\'\'''\''b'\''; )"));
 }
 
 // --------------------------------------------------------------------- slurm
 
 TEST(LaunchSlurm, WithThePluginRanksComeFromThePool) {
   // salloc gives the two-node allocation; dew launch --slurm runs srun in it.
-  auto r = cluster().command({"salloc", "-N2", "--ntasks-per-node=2", "--quiet", dew_exe(), "launch", "--slurm", "--processes-per-host",
-                              "2", "--env", "GREETING=it's $(not run)", "--", "/bin/sh", "-c",
+  auto r = cluster().command({"salloc", "-N2", "--ntasks-per-node=2", "--quiet", dew_exe(), "launch", "--slurm",
+                              "--processes-per-host", "2", "--env", "GREETING=it's $(not run)", "--", "/bin/sh", "-c",
                               kPrintIdentity + "; echo greeting=\"$GREETING\" node=$SLURM_NODEID"},
                              {}, 60s);
   ASSERT_EQ(r.exit_code, 0) << describe(r);
@@ -694,8 +695,8 @@ TEST(LaunchSlurm, WithThePluginRanksComeFromThePool) {
     EXPECT_EQ(i.local_count, 2);
     EXPECT_THAT(i.coord, MatchesRegex("n1:[0-9]+"));
     EXPECT_THAT(i.secret, MatchesRegex("[0-9a-f]{64}"));
-    EXPECT_THAT(r.out, HasSubstr("[" + std::to_string(rank) + "] greeting=it's $(not run) node=" +
-                                 std::to_string(rank / 2) + "\n"));
+    EXPECT_THAT(r.out, HasSubstr("[" + std::to_string(rank) +
+                                 "] greeting=it's $(not run) node=" + std::to_string(rank / 2) + "\n"));
   }
 }
 
@@ -709,10 +710,10 @@ TEST(LaunchSlurm, DryRunShowsSrunWithDewOptions) {
 }
 
 TEST(LaunchSlurm, AFailedTaskEndsTheStep) {
-  auto r = cluster().command({"salloc", "-N2", "--ntasks-per-node=2", "--quiet", dew_exe(), "launch", "--slurm", "--processes-per-host",
-                              "2", "--", "/bin/sh", "-c",
-                              "if [ $SLURM_PROCID = 1 ]; then sleep 0.5; exit 3; fi; exec sleep 60"},
-                             {}, 60s);
+  auto r = cluster().command(
+      {"salloc", "-N2", "--ntasks-per-node=2", "--quiet", dew_exe(), "launch", "--slurm", "--processes-per-host", "2",
+       "--", "/bin/sh", "-c", "if [ $SLURM_PROCID = 1 ]; then sleep 0.5; exit 3; fi; exec sleep 60"},
+      {}, 60s);
   EXPECT_NE(r.exit_code, 0) << describe(r);
   EXPECT_LT(r.seconds, 20) << describe(r);
   EXPECT_THAT(r.err, HasSubstr("rank 1")) << describe(r);
@@ -731,15 +732,14 @@ std::string conf_without_plugin() {
 
 TEST(LaunchSlurm, WithoutThePluginSrunRunsPlainAndDevicesPerProcessIsRefused) {
   const std::map<std::string, std::string> env = {{"SLURM_CONF", conf_without_plugin()}};
-  auto r = cluster().command(
-      {dew_exe(), "launch", "--slurm", "--processes-per-host", "2", "--", "/bin/sh", "-c",
-       "echo rank=$SLURM_PROCID pool=${DEW_POOL_SECRET-none}"},
-      env, 60s);
+  auto r = cluster().command({dew_exe(), "launch", "--slurm", "--processes-per-host", "2", "--", "/bin/sh", "-c",
+                              "echo rank=$SLURM_PROCID pool=${DEW_POOL_SECRET-none}"},
+                             env, 60s);
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   EXPECT_THAT(r.out, HasSubstr("[0] rank=0 pool=none\n"));
   EXPECT_THAT(r.out, HasSubstr("[1] rank=1 pool=none\n"));
-  auto refused = cluster().command({dew_exe(), "launch", "--slurm", "--devices-per-process", "1", "--", "/bin/true"},
-                                   env, 60s);
+  auto refused =
+      cluster().command({dew_exe(), "launch", "--slurm", "--devices-per-process", "1", "--", "/bin/true"}, env, 60s);
   EXPECT_EQ(refused.exit_code, 2) << describe(refused);
   EXPECT_THAT(refused.err,
               HasSubstr("dew launch: --devices-per-process with --slurm needs Dew's SPANK plugin (srun --dew-pool), "
