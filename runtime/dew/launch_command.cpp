@@ -27,6 +27,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "commands.h"
@@ -51,6 +52,8 @@ constexpr auto kSrunGrace = 10s;
 constexpr auto kDrain = 1s;
 // The free-port query over ssh.
 constexpr auto kQueryTimeout = 30s;
+// How long a pool's "a peer failed" exit waits for the failure it reports.
+constexpr auto kSettle = 200ms;
 
 struct LaunchArgs {
   rt::LaunchOptions options;
@@ -401,7 +404,10 @@ class Supervisor {
     }
   }
 
-  void reap() {
+  // Marks every process that has ended; returns those that failed while
+  // the launcher was not stopping them.
+  std::vector<Running*> collect() {
+    std::vector<Running*> failed;
     int status = 0;
     pid_t pid;
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
@@ -411,21 +417,41 @@ class Supervisor {
         p->status = status;
         // Whatever else its group still runs goes with it.
         kill(-pid, stopping_ ? SIGKILL : 0);
-        if (stopping_ || status == 0) continue;
-        exit_code_ = rt::exit_code_of(status);
-        if (p->rank < 0) {
-          say("srun " + rt::describe_wait_status(status));
-        } else {
-          std::string line =
-              "rank " + std::to_string(p->rank) + " on " + p->host + " " + rt::describe_wait_status(status);
-          if (p->remote && WIFEXITED(status) && WEXITSTATUS(status) == 255) {
-            line += " (ssh's code for a failed connection or login; " + ssh_hint(p->host) + ")";
-          }
-          say(line + "; stopping the other processes");
-        }
-        stop();
+        if (!stopping_ && status != 0) failed.push_back(p.get());
       }
     }
+    return failed;
+  }
+
+  // At the first failure: names it and stops the rest. When every failure
+  // seen is the runtime pool's "a peer failed" exit (75), the process that
+  // failed first is usually a moment behind: wait up to kSettle for it.
+  void reap() {
+    std::vector<Running*> failed = collect();
+    if (stopping_ || failed.empty()) return;
+    auto statuses = [&failed] {
+      std::vector<std::pair<int, int>> out;
+      for (const Running* p : failed) out.emplace_back(p->rank, p->status);
+      return out;
+    };
+    const auto settle_until = Clock::now() + kSettle;
+    while (std::all_of(failed.begin(), failed.end(), [](const Running* p) { return rt::is_peer_failure(p->status); }) &&
+           any_alive() && Clock::now() < settle_until) {
+      std::this_thread::sleep_for(10ms);
+      for (Running* p : collect()) failed.push_back(p);
+    }
+    const Running& p = *failed[rt::pick_failure(statuses())];
+    exit_code_ = rt::exit_code_of(p.status);
+    if (p.rank < 0) {
+      say("srun " + rt::describe_wait_status(p.status));
+    } else {
+      std::string line = "rank " + std::to_string(p.rank) + " on " + p.host + " " + rt::describe_wait_status(p.status);
+      if (p.remote && WIFEXITED(p.status) && WEXITSTATUS(p.status) == 255) {
+        line += " (ssh's code for a failed connection or login; " + ssh_hint(p.host) + ")";
+      }
+      say(line + "; stopping the other processes");
+    }
+    stop();
   }
 
   void stop() {

@@ -457,6 +457,17 @@ std::string describe_wait_status(int status) {
   return "ended with wait status " + std::to_string(status);
 }
 
+bool is_peer_failure(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == kPeerFailedCode; }
+
+std::size_t pick_failure(const std::vector<std::pair<int, int>>& failures) {
+  std::size_t best = 0;
+  for (std::size_t i = 1; i < failures.size(); ++i) {
+    const auto key = [&](std::size_t k) { return std::pair(is_peer_failure(failures[k].second), failures[k].first); };
+    if (key(i) < key(best)) best = i;
+  }
+  return best;
+}
+
 int exit_code_of(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);

@@ -202,6 +202,18 @@ std::string relabel_srun_line(std::string_view line);
 // killed by signal 9 (Killed)".
 std::string describe_wait_status(int status);
 
+// The exit code with which a process of a runtime pool (runtime/pool.h)
+// ends because another process failed.
+inline constexpr int kPeerFailedCode = 75;
+
+// True when the wait status is that code.
+bool is_peer_failure(int status);
+
+// Which of the failures seen at one moment (rank, wait status) the launcher
+// names and returns: one that is not a peer-failed exit before one that is,
+// then the lowest rank. Expects at least one.
+std::size_t pick_failure(const std::vector<std::pair<int, int>>& failures);
+
 // The launcher's exit code for a process's wait status: the code, or
 // 128 + signal.
 int exit_code_of(int status);

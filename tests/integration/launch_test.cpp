@@ -314,6 +314,16 @@ TEST(LaunchLocal, FirstFailureStopsTheOthersAndReturnsItsCode) {
   EXPECT_TRUE(all_gone(pids, 100ms));
 }
 
+TEST(LaunchLocal, APeerFailedExitDoesNotHideTheRankThatFailed) {
+  // As in a runtime pool: rank 2 fails (3) and the others end with 75 ("a
+  // peer failed") at about the same moment; the launcher names rank 2.
+  auto r = dew_launch({"--processes-per-host", "4", "--", "/bin/sh", "-c",
+                       "if [ $DEW_PROCESS_ID = 2 ]; then exit 3; fi; exit 75"},
+                      {}, 30s);
+  EXPECT_EQ(r.exit_code, 3) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("dew launch: rank 2 on localhost exited with code 3; stopping the other processes"));
+}
+
 TEST(LaunchLocal, SignalKilledRankIsNamedAndGives128PlusSignal) {
   auto r = dew_launch({"--processes-per-host", "2", "--", "/bin/sh", "-c",
                        "if [ $DEW_PROCESS_ID = 0 ]; then kill -KILL $$; fi; exec sleep 60"},

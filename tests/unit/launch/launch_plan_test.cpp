@@ -435,6 +435,16 @@ TEST(FreePort, Replies) {
   EXPECT_FALSE(parse_port_reply("70000", "h").ok());
 }
 
+TEST(Output, TheFailureNamedIsNotAPeerFailedExit) {
+  EXPECT_TRUE(is_peer_failure(75 << 8));
+  EXPECT_FALSE(is_peer_failure(1 << 8));
+  EXPECT_FALSE(is_peer_failure(SIGTERM));
+  EXPECT_EQ(pick_failure({{1, 75 << 8}, {2, 1 << 8}, {3, 75 << 8}}), 1u);
+  EXPECT_EQ(pick_failure({{3, 75 << 8}, {1, 75 << 8}}), 1u) << "all peer-failed: the lowest rank";
+  EXPECT_EQ(pick_failure({{3, 2 << 8}, {0, SIGSEGV}}), 1u) << "a signal counts as a failure of its own";
+  EXPECT_EQ(pick_failure({{5, 3 << 8}}), 0u);
+}
+
 TEST(Secret, HexDigits) {
   const unsigned char bytes[] = {0x00, 0x9f, 0xff};
   EXPECT_EQ(hex(bytes, 3), "009fff");
