@@ -317,9 +317,9 @@ TEST(LaunchLocal, FirstFailureStopsTheOthersAndReturnsItsCode) {
 TEST(LaunchLocal, APeerFailedExitDoesNotHideTheRankThatFailed) {
   // As in a runtime pool: rank 2 fails (3) and the others end with 75 ("a
   // peer failed") at about the same moment; the launcher names rank 2.
-  auto r = dew_launch({"--processes-per-host", "4", "--", "/bin/sh", "-c",
-                       "if [ $DEW_PROCESS_ID = 2 ]; then exit 3; fi; exit 75"},
-                      {}, 30s);
+  auto r = dew_launch(
+      {"--processes-per-host", "4", "--", "/bin/sh", "-c", "if [ $DEW_PROCESS_ID = 2 ]; then exit 3; fi; exit 75"}, {},
+      30s);
   EXPECT_EQ(r.exit_code, 3) << describe(r);
   EXPECT_THAT(r.err, HasSubstr("dew launch: rank 2 on localhost exited with code 3; stopping the other processes"));
 }
@@ -468,6 +468,31 @@ TEST(LaunchLocal, AMissingProgramIsReportedWithItsRank) {
   EXPECT_THAT(r.err, HasSubstr("dew launch: rank 0 on localhost exited with code 127"));
 }
 
+// The runtime pool's worker (tests/pool/pool_worker), when this build has
+// it: real pools, joined through the variables dew launch sets.
+std::string pool_worker() {
+  const char* path = std::getenv("DEW_POOL_WORKER");
+  return path != nullptr ? path : "";
+}
+
+TEST(LaunchPool, FourLocalProcessesJoinTheRuntimePool) {
+  if (pool_worker().empty()) GTEST_SKIP() << "no DEW_POOL_WORKER in this build";
+  auto r = dew_launch({"--processes-per-host", "4", "--", pool_worker(), "exchange"}, {}, 60s);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  for (int k = 0; k < 4; ++k) {
+    const std::string n = std::to_string(k);
+    EXPECT_THAT(r.out, HasSubstr("[" + n + "] RESULT rank=" + n + " size=4 source=dew backend=tcp local=" + n +
+                                 "/4 gets=hello from 0|hello from 1|hello from 2|hello from 3"));
+  }
+}
+
+TEST(LaunchPool, TheRankThatFailsIsNamedNotItsPeers) {
+  if (pool_worker().empty()) GTEST_SKIP() << "no DEW_POOL_WORKER in this build";
+  auto r = dew_launch({"--processes-per-host", "4", "--", pool_worker(), "throw", "2"}, {}, 60s);
+  EXPECT_EQ(r.exit_code, 1) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("dew launch: rank 2 on localhost exited with code 1; stopping the other processes"));
+}
+
 // ---------------------------------------------------------------------- ssh
 
 int free_port() {
@@ -577,6 +602,19 @@ TEST_F(SshLaunch, TwoHostsOverSshGetTheirIdentities) {
   EXPECT_EQ(secrets.size(), 1u) << "one secret, carried on ssh's stdin";
   const int port = std::stoi(ids[0].coord.substr(6));
   EXPECT_GE(port, 1024) << "asked from node0";
+}
+
+TEST_F(SshLaunch, ARuntimePoolJoinsOverSsh) {
+  if (pool_worker().empty()) GTEST_SKIP() << "no DEW_POOL_WORKER in this build";
+  // node0 is an ssh alias: the processes reach the coordinator at 127.0.0.1.
+  auto r = launch({"--hosts", "node0", "node1", "--processes-per-host", "2", "--coordinator", "127.0.0.1", "--",
+                   pool_worker(), "exchange"});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  for (int k = 0; k < 4; ++k) {
+    const std::string n = std::to_string(k);
+    EXPECT_THAT(r.out, HasSubstr("[" + n + "] RESULT rank=" + n +
+                                 " size=4 source=dew backend=tcp local=" + std::to_string(k % 2) + "/2 "));
+  }
 }
 
 TEST_F(SshLaunch, LocalAndRemoteHostsMix) {
