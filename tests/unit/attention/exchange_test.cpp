@@ -15,6 +15,7 @@
 #include "attention.h"
 #include "communicator.h"
 #include "exchange.h"
+#include "exchange_harness.h"
 #include "reference.h"
 
 namespace {
@@ -24,145 +25,14 @@ using dew::attention::testing::as;
 using dew::attention::testing::Bound;
 using dew::attention::testing::Case;
 using dew::attention::testing::relative_error;
+using namespace dew::attention::testing;
 using ::testing::HasSubstr;
-
-// One device's shards and results.
-template <typename T>
-struct Device {
-  std::vector<std::int64_t> q_pos, k_pos;
-  std::vector<T> q, k, v, d_out, out, lse, dq, dk, dv, ds;
-  std::string error;
-};
-
-// Rows `positions` of a [B][heads][length][w] tensor.
-template <typename T>
-std::vector<T> rows(const std::vector<T>& whole, int batch, int heads, std::int64_t length, std::int64_t w,
-                    const std::vector<std::int64_t>& positions) {
-  std::vector<T> out;
-  for (int bh = 0; bh < batch * heads; ++bh)
-    for (const std::int64_t p : positions)
-      for (std::int64_t e = 0; e < w; ++e) out.push_back(whole[std::size_t((bh * length + p) * w + e)]);
-  return out;
-}
-
-// The whole-sequence kernel in T.
-template <typename T>
-struct Whole {
-  std::vector<T> out, lse, dq, dk, dv, ds;
-};
-
-template <typename T>
-Whole<T> whole_run(const Case& c) {
-  Bound<T> bound(c);
-  Whole<T> w;
-  const Dims& d = c.dims;
-  w.out.resize(bound.q.size());
-  w.lse.resize(std::size_t(d.batch * d.heads * d.query_length));
-  EXPECT_TRUE(forward<T>(bound.inputs, w.out.data(), w.lse.data()).ok());
-  w.dq.resize(bound.q.size());
-  w.dk.resize(bound.k.size());
-  w.dv.resize(bound.v.size());
-  w.ds.resize(c.sinks ? std::size_t(d.heads) : 0);
-  EXPECT_TRUE(backward<T>(bound.inputs, w.out.data(), w.lse.data(), bound.d_out.data(),
-                          Gradients<T>{w.dq.data(), w.dk.data(), w.dv.data(), c.sinks ? w.ds.data() : nullptr})
-                  .ok());
-  return w;
-}
-
-// Runs the exchange on n thread-ranks; returns each device's results.
-template <typename T>
-std::vector<Device<T>> run_exchange(const Case& c, int n, Exchange exchange, Layout layout) {
-  const Dims& d = c.dims;
-  const auto q = as<T>(c.q), k = as<T>(c.k), v = as<T>(c.v), d_out = as<T>(c.d_out), s = as<T>(c.s);
-  const auto bias_values = as<T>(c.b);
-  std::vector<Device<T>> devices(static_cast<std::size_t>(n));
-  KeyValue store = local_key_value();
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < n; ++rank) {
-    threads.emplace_back([&, rank] {
-      Device<T>& dev = devices[std::size_t(rank)];
-      auto qp = shard_positions(layout, d.query_length, n, rank);
-      auto kp = shard_positions(layout, d.key_length, n, rank);
-      if (qp.ok()) dev.q_pos = qp.value();
-      if (kp.ok()) dev.k_pos = kp.value();
-      dev.q = rows(q, d.batch, d.heads, d.query_length, d.head_dim, dev.q_pos);
-      dev.d_out = rows(d_out, d.batch, d.heads, d.query_length, d.head_dim, dev.q_pos);
-      dev.k = rows(k, d.batch, d.kv_heads, d.key_length, d.head_dim, dev.k_pos);
-      dev.v = rows(v, d.batch, d.kv_heads, d.key_length, d.head_dim, dev.k_pos);
-      GlooOptions options;
-      options.rank = rank;
-      options.size = n;
-      options.store = store;
-      auto comm = make_gloo_communicator(options);
-      if (!comm.ok() || !comm.value()->barrier().ok()) {  // every rank connected before any may leave
-        dev.error = comm.ok() ? "barrier failed" : comm.error().message;
-        return;
-      }
-      ShardCall<T> call;
-      call.dims = d;
-      call.layout = layout;
-      call.query = dev.q.data();
-      call.key = dev.k.data();
-      call.value = dev.v.data();
-      call.causal = c.causal;
-      call.window = c.window;
-      call.query_segments = c.query_segments;
-      call.key_segments = c.key_segments;
-      call.sinks = c.sinks ? s.data() : nullptr;
-      if (c.bias) call.bias.data = bias_values.data();
-      call.query_block = c.query_block;
-      call.key_block = c.key_block;
-      dev.out.assign(dev.q.size(), T(7));
-      dev.lse.assign(dev.q_pos.size() * std::size_t(d.batch * d.heads), T(7));
-      auto f = exchange_forward<T>(exchange, *comm.value(), call, dev.out.data(), dev.lse.data());
-      if (!f.ok()) {
-        dev.error = f.error().message;
-        return;
-      }
-      dev.dq.assign(dev.q.size(), T(7));
-      dev.dk.assign(dev.k.size(), T(7));
-      dev.dv.assign(dev.v.size(), T(7));
-      dev.ds.assign(c.sinks ? std::size_t(d.heads) : 0, T(7));
-      auto b = exchange_backward<T>(
-          exchange, *comm.value(), call, dev.out.data(), dev.lse.data(), dev.d_out.data(),
-          Gradients<T>{dev.dq.data(), dev.dk.data(), dev.dv.data(), c.sinks ? dev.ds.data() : nullptr});
-      if (!b.ok()) dev.error = b.error().message;
-    });
-  }
-  for (auto& t : threads) t.join();
-  return devices;
-}
-
-template <typename T>
-double error_of(const std::vector<T>& got, const std::vector<T>& want) {
-  return relative_error(got, std::vector<double>(want.begin(), want.end()));
-}
 
 template <typename T>
 void expect_matches(const Case& c, int n, Exchange exchange, Layout layout, double tolerance) {
-  const Dims& d = c.dims;
-  const Whole<T> whole = whole_run<T>(c);
   const auto devices = run_exchange<T>(c, n, exchange, layout);
-  const std::string what = std::string(exchange_name(exchange)) + " over " + std::to_string(n);
-  for (int r = 0; r < n; ++r) {
-    const Device<T>& dev = devices[std::size_t(r)];
-    ASSERT_EQ(dev.error, "") << what;
-    const auto w = [&](const std::vector<T>& x, int heads, std::int64_t len, std::int64_t width,
-                       const std::vector<std::int64_t>& pos) { return rows(x, d.batch, heads, len, width, pos); };
-    EXPECT_LE(error_of(dev.out, w(whole.out, d.heads, d.query_length, d.head_dim, dev.q_pos)), tolerance)
-        << what << " rank " << r << " out";
-    EXPECT_LE(error_of(dev.lse, w(whole.lse, d.heads, d.query_length, 1, dev.q_pos)), tolerance)
-        << what << " rank " << r << " lse";
-    EXPECT_LE(error_of(dev.dq, w(whole.dq, d.heads, d.query_length, d.head_dim, dev.q_pos)), tolerance)
-        << what << " rank " << r << " dq";
-    EXPECT_LE(error_of(dev.dk, w(whole.dk, d.kv_heads, d.key_length, d.head_dim, dev.k_pos)), tolerance)
-        << what << " rank " << r << " dk";
-    EXPECT_LE(error_of(dev.dv, w(whole.dv, d.kv_heads, d.key_length, d.head_dim, dev.k_pos)), tolerance)
-        << what << " rank " << r << " dv";
-    if (c.sinks) {
-      EXPECT_LE(error_of(dev.ds, whole.ds), tolerance) << what << " rank " << r << " d sinks";
-    }
-  }
+  EXPECT_THAT(mismatches<T>(c, whole_run<T>(c), devices, tolerance), ::testing::IsEmpty())
+      << exchange_name(exchange) << " over " << n;
 }
 
 // Both exchanges (where each can run) in fp32 and fp64.
@@ -172,36 +42,6 @@ void check(const Case& c, int n, Layout layout, bool all_to_all = true, bool gat
     expect_matches<float>(c, n, e, layout, 1e-5);
     expect_matches<double>(c, n, e, layout, 1e-12);
   }
-}
-
-Case make(int batch, int heads, int kv_heads, std::int64_t lq, std::int64_t lk, int head_dim, unsigned seed = 1,
-          bool sinks = false) {
-  Case c;
-  c.dims = Dims{batch, heads, kv_heads, lq, lk, head_dim};
-  c.sinks = sinks;
-  c.query_block = 8;
-  c.key_block = 8;
-  dew::attention::testing::fill(c, seed);
-  return c;
-}
-
-std::vector<std::int32_t> documents(int batch, std::int64_t n, const std::vector<int>& lengths) {
-  std::vector<std::int32_t> ids;
-  for (int b = 0; b < batch; ++b) {
-    std::int32_t id = 0;
-    std::size_t which = std::size_t(b) % lengths.size();
-    int left = lengths[which];
-    for (std::int64_t i = 0; i < n; ++i) {
-      if (left == 0) {
-        ++id;
-        which = (which + 1) % lengths.size();
-        left = lengths[which];
-      }
-      ids.push_back(id);
-      --left;
-    }
-  }
-  return ids;
 }
 
 TEST(ExchangeTest, MultiHead) { check(make(2, 4, 4, 24, 24, 8), 2, Layout::kContiguous); }

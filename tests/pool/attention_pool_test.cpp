@@ -1,0 +1,66 @@
+// Both sequence-parallel exchanges over pools of real processes: 2 processes
+// x 2 devices, 4 x 1 and 4 x 2, every device a Gloo rank over TCP whose
+// rendezvous goes through libdew's key-value exchange.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <memory>
+
+#include "process.h"
+
+namespace {
+
+using dew::testing::Spawned;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+std::uint16_t free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
+  socklen_t length = sizeof address;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  close(fd);
+  return ntohs(address.sin_port);
+}
+
+class AttentionPool : public ::testing::TestWithParam<std::pair<int, int>> {};
+
+TEST_P(AttentionPool, BothExchangesMatchWholeSequenceAttention) {
+  const auto [processes, devices] = GetParam();
+  const char* worker = std::getenv("DEW_ATTENTION_POOL_WORKER");
+  ASSERT_NE(worker, nullptr);
+  const std::string port = std::to_string(free_port());
+  std::vector<std::unique_ptr<Spawned>> ranks;
+  for (int rank = 0; rank < processes; ++rank) {
+    ranks.push_back(std::make_unique<Spawned>(
+        std::vector<std::string>{worker, std::to_string(devices)},
+        std::map<std::string, std::string>{{"DEW_PROCESS_ID", std::to_string(rank)},
+                                           {"DEW_PROCESS_COUNT", std::to_string(processes)},
+                                           {"DEW_COORDINATOR_ADDRESS", "127.0.0.1:" + port},
+                                           {"DEW_POOL_SECRET", "attention-test-secret"},
+                                           {"OPENBLAS_NUM_THREADS", "1"}}));
+  }
+  const int n = processes * devices;
+  for (int rank = 0; rank < processes; ++rank) {
+    auto& process = *ranks[static_cast<std::size_t>(rank)];
+    ASSERT_EQ(process.wait(std::chrono::seconds(300)), 0) << process.out() << process.err();
+    EXPECT_THAT(process.out(), Not(HasSubstr("MISMATCH")));
+    // 9 cases x 2 exchanges x 2 precisions, each checked on this process's devices.
+    EXPECT_EQ(dew::testing::occurrences(process.out(), ": ok"), 36) << process.out();
+    EXPECT_THAT(process.out(), HasSubstr("ALL OK: " + std::to_string(n) + " devices"));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, AttentionPool,
+                         ::testing::Values(std::make_pair(2, 2), std::make_pair(4, 1), std::make_pair(4, 2)),
+                         [](const auto& info) {
+                           return std::to_string(info.param.first) + "x" + std::to_string(info.param.second);
+                         });
+
+}  // namespace
