@@ -9,5 +9,11 @@ namespace dew::cli {
 void add_topo_command(CLI::App& app);
 // `dew mesh`: a device mesh for a MeshSpec (runtime/dew/mesh_command.cpp).
 void add_mesh_command(CLI::App& app);
+// `dew env`: the resolved pool identity and JAX variables (runtime/dew/env_command.cpp).
+void add_env_command(CLI::App& app);
+// `dew attention-plan`: the sequence-parallel exchange for an attention call (runtime/dew/attention_plan_command.cpp).
+void add_attention_plan_command(CLI::App& app);
+// `dew launch`: start a pool on hosts over ssh, locally or under srun (runtime/dew/launch_command.cpp).
+void add_launch_command(CLI::App& app);
 
 }  // namespace dew::cli

@@ -9,6 +9,9 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("dew ") + DEW_VERSION);
   dew::cli::add_topo_command(app);
   dew::cli::add_mesh_command(app);
+  dew::cli::add_env_command(app);
+  dew::cli::add_attention_plan_command(app);
+  dew::cli::add_launch_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
