@@ -12,12 +12,14 @@
 #include <sys/random.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -242,21 +244,38 @@ std::string ssh_hint(const std::string& host) {
 }
 
 // A port free on this machine: a random one of [kPortLow, kPortHigh] that
-// binds (without SO_REUSEADDR, so no socket in any state uses it), held
-// (close-on-exec) until rank 0 starts, so that launches started at the same
-// moment never draw the same one.
+// binds (without SO_REUSEADDR, so no socket in any state uses it) and that
+// no other dew launch has claimed. The TCP socket is held (close-on-exec)
+// until just before rank 0 starts; the claim for the whole launch, so
+// launches on one machine never draw the same port while either runs, even
+// while rank 0 is still starting up.
 int hold_local_port(int& held) {
   for (int attempt = 0; attempt < 200; ++attempt) {
     unsigned random = 0;
     if (getrandom(&random, sizeof random, 0) != static_cast<ssize_t>(sizeof random)) continue;
     const int port = rt::port_candidate(random);
+    // The claim: an abstract Unix socket named after the port (Linux: no file
+    // to leave behind, gone when the launcher exits).
+    const int lock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un name{};
+    name.sun_family = AF_UNIX;
+    const std::string label = "dew-launch-port-" + std::to_string(port);
+    std::memcpy(name.sun_path + 1, label.data(), label.size());  // sun_path[0] == 0: abstract
+    const auto name_size = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + label.size());
+    if (lock < 0 || bind(lock, reinterpret_cast<sockaddr*>(&name), name_size) != 0) {
+      if (lock >= 0) close(lock);
+      continue;  // another launch has it
+    }
     held = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in address{};
     address.sin_family = AF_INET;
     address.sin_addr.s_addr = htonl(INADDR_ANY);
     address.sin_port = htons(static_cast<std::uint16_t>(port));
-    if (held >= 0 && bind(held, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0) return port;
+    if (held >= 0 && bind(held, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0) {
+      return port;  // the claim stays open until the launcher exits
+    }
     if (held >= 0) close(held);
+    if (lock >= 0) close(lock);
     held = -1;
   }
   say("cannot find a free port from " + std::to_string(rt::kPortLow) + " to " + std::to_string(rt::kPortHigh) +
