@@ -84,7 +84,9 @@ struct Pool::State {
 
   std::string signal_lines[std::size(kFatalSignals)];
 
-  std::string prefix() const { return "[" + std::to_string(identity.rank) + "] "; }
+  // "[rank] ", unless a launcher (dew launch) already prefixes every line.
+  bool lines_prefixed = false;
+  std::string prefix() const { return lines_prefixed ? "" : "[" + std::to_string(identity.rank) + "] "; }
 
   ~State() { stop_watch(); }
 
@@ -248,6 +250,7 @@ Pool join(JoinOptions options) {
   auto state = std::make_unique<Pool::State>();
   state->identity = identity.value();
   state->settings = settings.value();
+  state->lines_prefixed = env.count("DEW_LINES_PREFIXED") && env.at("DEW_LINES_PREFIXED") == "1";
   Identity& id = state->identity;
   std::string secret = options.secret.value_or(env.count("DEW_POOL_SECRET") ? env.at("DEW_POOL_SECRET") : "");
 

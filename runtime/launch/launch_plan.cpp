@@ -14,7 +14,7 @@ namespace {
 // Variables the launcher sets itself; --env may not set them.
 constexpr std::string_view kPoolVariables[] = {
     "DEW_PROCESS_ID",          "DEW_PROCESS_COUNT",       "DEW_LOCAL_PROCESS_ID", "DEW_LOCAL_PROCESS_COUNT",
-    "DEW_COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS", "DEW_POOL_SECRET",
+    "DEW_COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS", "DEW_POOL_SECRET", "DEW_LINES_PREFIXED",
 };
 
 std::string range_error(const std::string& option, long long value, int low, int high) {
@@ -270,7 +270,10 @@ LaunchPlan plan_launch(const LaunchOptions& options, const std::vector<EnvVar>& 
                {"DEW_LOCAL_PROCESS_COUNT", std::to_string(per_host)},
                {"DEW_COORDINATOR_ADDRESS", plan.coordinator},
                {"JAX_COORDINATOR_ADDRESS", plan.coordinator},
-               {"DEW_POOL_SECRET", facts.secret}};
+               {"DEW_POOL_SECRET", facts.secret},
+               // The launcher puts "[rank] " before every line: libdew then
+               // leaves its own prefix off.
+               {"DEW_LINES_PREFIXED", "1"}};
       if (options.devices_per_process) {
         const int n = *options.devices_per_process;
         p.env.emplace_back("CUDA_VISIBLE_DEVICES", devices_text(local * n, n));

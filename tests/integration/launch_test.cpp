@@ -483,6 +483,9 @@ TEST(LaunchPool, FourLocalProcessesJoinTheRuntimePool) {
     const std::string n = std::to_string(k);
     EXPECT_THAT(r.out, HasSubstr("[" + n + "] RESULT rank=" + n + " size=4 source=dew backend=tcp local=" + n +
                                  "/4 gets=hello from 0|hello from 1|hello from 2|hello from 3"));
+    // One rank prefix per line: the launcher's (libdew leaves its own off).
+    EXPECT_THAT(r.err, HasSubstr("[" + n + "] Joined the pool: process " + n + " of 4 (dew, tcp)"));
+    EXPECT_THAT(r.err, Not(HasSubstr("[" + n + "] [" + n + "]")));
   }
 }
 
@@ -491,6 +494,8 @@ TEST(LaunchPool, TheRankThatFailsIsNamedNotItsPeers) {
   auto r = dew_launch({"--processes-per-host", "4", "--", pool_worker(), "throw", "2"}, {}, 60s);
   EXPECT_EQ(r.exit_code, 1) << describe(r);
   EXPECT_THAT(r.err, HasSubstr("dew launch: rank 2 on localhost exited with code 1; stopping the other processes"));
+  EXPECT_EQ(dew::testing::occurrences(r.err, "[2] error: uncaught exception: boom from rank 2"), 1) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("[0] ending: process 2 failed: uncaught exception: boom from rank 2"));
 }
 
 // ---------------------------------------------------------------------- ssh

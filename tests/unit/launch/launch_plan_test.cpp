@@ -322,7 +322,7 @@ TEST(DryRun, OneLinePerProcessThatPastesIntoBash) {
             "0 localhost: env -C /work/here DEW_PROCESS_ID=0 DEW_PROCESS_COUNT=2 DEW_LOCAL_PROCESS_ID=0 "
             "DEW_LOCAL_PROCESS_COUNT=1 DEW_COORDINATOR_ADDRESS=me:41234 JAX_COORDINATOR_ADDRESS=me:41234 "
             "DEW_POOL_SECRET=" +
-                std::string(64, 'a') + " $'V=a\\nb' /bin/echo 'x y'");
+                std::string(64, 'a') + " DEW_LINES_PREFIXED=1 $'V=a\\nb' /bin/echo 'x y'");
   const std::string remote = dry_run_line(plan.processes[1]);
   EXPECT_THAT(remote, StartsWith("1 n1: ssh -o BatchMode=yes -- n1 $'sh -c \\'IFS= read -r DEW_POOL_SECRET"));
   EXPECT_EQ(remote.find('\n'), std::string::npos);
