@@ -5,6 +5,8 @@
 //                       accumulation in rank order), barrier
 //   make_gloo_communicator   one Gloo rank over TCP, its rendezvous through a
 //                       key-value store given as two functions (put, get)
+//   make_nccl_communicator   (nccl_communicator.h, built where CUDA is) one
+//                       NCCL rank on one GPU, its unique id through the store
 //   local_key_value     an in-process store: a STAND-IN for the runtime
 //                       pool's key-value exchange until that is wired in;
 //                       it serves ranks that are threads of one process
@@ -66,9 +68,10 @@ class Communicator {
   // send holds size() equal chunks; recv (one chunk) becomes the sum over the
   // ranks of their chunk rank(), added in rank order in T (float: fp32
   // accumulation). Sends what a ring reduce-scatter sends: (size-1)/size of
-  // send.
-  Result<Done> reduce_scatter(std::span<const float> send, std::span<float> recv);
-  Result<Done> reduce_scatter(std::span<const double> send, std::span<double> recv);
+  // send. Virtual so a backend can use its own: NCCL's (nccl_communicator.h)
+  // adds in T too, but in NCCL's order, which is rank order only up to 2 ranks.
+  virtual Result<Done> reduce_scatter(std::span<const float> send, std::span<float> recv);
+  virtual Result<Done> reduce_scatter(std::span<const double> send, std::span<double> recv);
 };
 
 // A key-value store as two functions: put(key, value) publishes, get(key)

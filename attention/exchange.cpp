@@ -336,6 +336,50 @@ Result<std::vector<std::int64_t>> shard_positions(Layout layout, std::int64_t le
   return positions;
 }
 
+// The gather's kernel inputs: keys and values gathered whole, the segment
+// ids and bias at this device's query rows and the gathered key order. Held
+// together because Inputs points into them; the same for forward and
+// backward.
+template <typename T>
+struct Gathered {
+  Scratch<T> key, value;
+  std::vector<std::int32_t> query_segments, key_segments;
+  std::vector<T> bias;
+
+  static Result<std::unique_ptr<Gathered>> make(Communicator& comm, const ShardCall<T>& call, const Geometry& g) {
+    const Dims& d = call.dims;
+    auto k = gather_whole(comm, call.key, d.batch, d.kv_heads, g.lks, d.head_dim);
+    if (!k.ok()) return k.error();
+    auto v = gather_whole(comm, call.value, d.batch, d.kv_heads, g.lks, d.head_dim);
+    if (!v.ok()) return v.error();
+    return std::unique_ptr<Gathered>(new Gathered{
+        std::move(k.value()), std::move(v.value()),
+        segments_at(call.query_segments, d.batch, d.query_length, g.q_mine),
+        segments_at(call.key_segments, d.batch, d.key_length, g.k_order),
+        local_bias(call, 0, d.batch, 0, d.heads, g.q_mine, g.k_order)});
+  }
+
+  Inputs<T> inputs(const ShardCall<T>& call, const Geometry& g) const {
+    const Dims& d = call.dims;
+    Inputs<T> in;
+    in.dims = Dims{d.batch, d.heads, d.kv_heads, g.ls, d.key_length, d.head_dim};
+    in.query = call.query;
+    in.key = key.data();
+    in.value = value.data();
+    in.mask.causal = call.causal;
+    in.mask.window = call.window;
+    in.mask.query_segments = query_segments;
+    in.mask.key_segments = key_segments;
+    in.mask.positions = {g.q_mine, g.k_order, d.query_length, d.key_length};
+    in.sinks = call.sinks;
+    in.scale = call.scale;
+    in.query_block = call.query_block;
+    in.key_block = call.key_block;
+    if (!bias.empty()) in.bias.data = bias.data();
+    return in;
+  }
+};
+
 template <typename T>
 Result<Stats> exchange_forward(Exchange exchange, Communicator& comm, const ShardCall<T>& call, T* out, T* lse) {
   auto geo = geometry(exchange, comm, call);
@@ -345,28 +389,9 @@ Result<Stats> exchange_forward(Exchange exchange, Communicator& comm, const Shar
   const std::int64_t w = d.head_dim;
 
   if (exchange == Exchange::kGather) {
-    auto k = gather_whole(comm, call.key, d.batch, d.kv_heads, g.lks, w);
-    if (!k.ok()) return k.error();
-    auto v = gather_whole(comm, call.value, d.batch, d.kv_heads, g.lks, w);
-    if (!v.ok()) return v.error();
-    const auto q_seg = segments_at(call.query_segments, d.batch, d.query_length, g.q_mine);
-    const auto k_seg = segments_at(call.key_segments, d.batch, d.key_length, g.k_order);
-    Inputs<T> in;
-    in.dims = Dims{d.batch, d.heads, d.kv_heads, g.ls, d.key_length, d.head_dim};
-    in.query = call.query;
-    in.key = k.value().data();
-    in.value = v.value().data();
-    in.mask.causal = call.causal;
-    in.mask.window = call.window;
-    in.mask.query_segments = q_seg;
-    in.mask.key_segments = k_seg;
-    in.mask.positions = {g.q_mine, g.k_order, d.query_length, d.key_length};
-    in.sinks = call.sinks;
-    in.scale = call.scale;
-    in.query_block = call.query_block;
-    in.key_block = call.key_block;
-    const std::vector<T> bias = local_bias(call, 0, d.batch, 0, d.heads, g.q_mine, g.k_order);
-    if (!bias.empty()) in.bias.data = bias.data();
+    auto gathered = Gathered<T>::make(comm, call, g);
+    if (!gathered.ok()) return gathered.error();
+    const Inputs<T> in = gathered.value()->inputs(call, g);
     return forward<T>(in, out, lse);
   }
 
@@ -417,29 +442,10 @@ Result<Stats> exchange_backward(Exchange exchange, Communicator& comm, const Sha
   }
 
   if (exchange == Exchange::kGather) {
-    auto k = gather_whole(comm, call.key, d.batch, d.kv_heads, g.lks, w);
-    if (!k.ok()) return k.error();
-    auto v = gather_whole(comm, call.value, d.batch, d.kv_heads, g.lks, w);
-    if (!v.ok()) return v.error();
-    const auto q_seg = segments_at(call.query_segments, d.batch, d.query_length, g.q_mine);
-    const auto k_seg = segments_at(call.key_segments, d.batch, d.key_length, g.k_order);
-    Inputs<T> in;
-    in.dims = Dims{d.batch, d.heads, d.kv_heads, g.ls, d.key_length, d.head_dim};
-    in.query = call.query;
-    in.key = k.value().data();
-    in.value = v.value().data();
-    in.mask.causal = call.causal;
-    in.mask.window = call.window;
-    in.mask.query_segments = q_seg;
-    in.mask.key_segments = k_seg;
-    in.mask.positions = {g.q_mine, g.k_order, d.query_length, d.key_length};
-    in.sinks = call.sinks;
-    in.scale = call.scale;
-    in.query_block = call.query_block;
-    in.key_block = call.key_block;
-    const std::vector<T> bias = local_bias(call, 0, d.batch, 0, d.heads, g.q_mine, g.k_order);
-    if (!bias.empty()) in.bias.data = bias.data();
-    Scratch<T> dk(k.value().size()), dv(v.value().size());  // the kernel writes every element
+    auto gathered = Gathered<T>::make(comm, call, g);
+    if (!gathered.ok()) return gathered.error();
+    const Inputs<T> in = gathered.value()->inputs(call, g);
+    Scratch<T> dk(gathered.value()->key.size()), dv(gathered.value()->value.size());  // the kernel writes every element
     std::vector<T> ds(grads.sinks ? std::size_t(d.heads) : 0);
     auto stats = backward<T>(in, out, lse, d_out,
                              Gradients<T>{grads.query, dk.data(), dv.data(), grads.sinks ? ds.data() : nullptr});

@@ -70,6 +70,15 @@ PmixSession::~PmixSession() { PMIx_Finalize(nullptr, 0); }
 
 const PmixIdentity& PmixSession::identity() const { return identity_; }
 
+void PmixSession::fill(Identity& id) const {
+  id.rank = identity_.rank;
+  id.size = identity_.size;
+  id.local_rank = identity_.local_rank;
+  id.local_size = identity_.local_size;
+  id.node = identity_.node;
+  id.hostname = identity_.hostname;
+}
+
 Result<std::vector<std::string>> PmixSession::all_gather(const std::string& bytes, std::chrono::milliseconds timeout) {
   // A fresh key per round: PMIx keeps every committed value, and a reused
   // key could return an earlier round's bytes (NVSHMEM's bootstrap does so).

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "dew/result.h"
+#include "pool.h"
 
 namespace dew::runtime {
 
@@ -26,6 +27,8 @@ class PmixSession {
   static Result<std::unique_ptr<PmixSession>> init();
   ~PmixSession();  // PMIx_Finalize
   const PmixIdentity& identity() const;
+  // Copies rank, size, local rank and size, node and hostname into `id`.
+  void fill(Identity& id) const;
   // Put/Commit/Fence(PMIX_COLLECT_DATA, PMIX_TIMEOUT) under a key fresh for
   // each round, then everybody's value in rank order.
   Result<std::vector<std::string>> all_gather(const std::string& bytes, std::chrono::milliseconds timeout);

@@ -258,13 +258,7 @@ Pool join(JoinOptions options) {
     auto pmix = PmixSession::init();
     if (!pmix.ok()) throw PoolError(pmix.error().message);
     state->pmix = std::move(pmix.value());
-    const auto& p = state->pmix->identity();
-    id.rank = p.rank;
-    id.size = p.size;
-    id.local_rank = p.local_rank;
-    id.local_size = p.local_size;
-    id.node = p.node;
-    id.hostname = p.hostname;
+    state->pmix->fill(id);
     if (id.size == 1 && !options.multi_host) id.why += "; one process: no pool";
   }
 

@@ -48,13 +48,7 @@ int run(const EnvOptions& options) {
       std::cerr << "dew env: " << pmix.error().message << "\n";
       return 1;
     }
-    const auto& p = pmix.value()->identity();
-    id.rank = p.rank;
-    id.size = p.size;
-    id.local_rank = p.local_rank;
-    id.local_size = p.local_size;
-    id.node = p.node;
-    id.hostname = p.hostname;
+    pmix.value()->fill(id);
   }
   if (id.hostname.empty()) {
     char name[256] = {};

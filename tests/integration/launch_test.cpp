@@ -500,17 +500,6 @@ TEST(LaunchPool, TheRankThatFailsIsNamedNotItsPeers) {
 
 // ---------------------------------------------------------------------- ssh
 
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t size = sizeof address;
-  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size);
-  close(fd);
-  return ntohs(address.sin_port);
-}
 
 bool accepts(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -536,7 +525,7 @@ class SshLaunch : public ::testing::Test {
       ASSERT_EQ(made.exit_code, 0) << made.err;
     }
     std::filesystem::copy_file(d / "id.pub", d / "authorized_keys");
-    port_ = free_port();
+    port_ = static_cast<int>(dew::testing::free_loopback_port());
     std::ofstream(d / "sshd_config") << "Port " << port_ << "\nListenAddress 127.0.0.1\nHostKey " << d / "host_key"
                                      << "\nAuthorizedKeysFile " << d / "authorized_keys"
                                      << "\nPidFile " << d / "sshd.pid"

@@ -17,17 +17,6 @@ using dew::testing::Spawned;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-std::uint16_t free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
-  socklen_t length = sizeof address;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  close(fd);
-  return ntohs(address.sin_port);
-}
 
 class AttentionPool : public ::testing::TestWithParam<std::pair<int, int>> {};
 
@@ -35,7 +24,7 @@ TEST_P(AttentionPool, BothExchangesMatchWholeSequenceAttention) {
   const auto [processes, devices] = GetParam();
   const char* worker = std::getenv("DEW_ATTENTION_POOL_WORKER");
   ASSERT_NE(worker, nullptr);
-  const std::string port = std::to_string(free_port());
+  const std::string port = std::to_string(dew::testing::free_loopback_port());
   std::vector<std::unique_ptr<Spawned>> ranks;
   for (int rank = 0; rank < processes; ++rank) {
     ranks.push_back(std::make_unique<Spawned>(

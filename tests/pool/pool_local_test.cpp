@@ -27,17 +27,6 @@ std::string worker() {
   return path ? path : "pool_worker";
 }
 
-std::uint16_t free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
-  socklen_t length = sizeof address;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  close(fd);
-  return ntohs(address.sin_port);
-}
 
 const std::string kSecret = "5f0c3a0e8d2b4f6a9c1e7d3b5a8f2c4e6b9d1a3c5e7f9b2d4a6c8e0f1a3b5c7d";
 
@@ -46,7 +35,7 @@ const std::string kSecret = "5f0c3a0e8d2b4f6a9c1e7d3b5a8f2c4e6b9d1a3c5e7f9b2d4a6
 struct LocalPool {
   LocalPool(int size, const std::vector<std::string>& args, std::map<std::string, std::string> extra = {},
             std::map<int, std::map<std::string, std::string>> per_rank = {})
-      : port(free_port()) {
+      : port(dew::testing::free_loopback_port()) {
     for (int rank = 0; rank < size; ++rank) {
       auto env = extra;
       env["DEW_PROCESS_ID"] = std::to_string(rank);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -53,6 +54,10 @@ class Spawned {
   std::string out_path_;
   std::string err_path_;
 };
+
+// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, read
+// back, released): for tests that start their own servers.
+std::uint16_t free_loopback_port();
 
 // How many times `needle` occurs in `text`.
 int occurrences(const std::string& text, const std::string& needle);
