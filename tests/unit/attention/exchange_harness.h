@@ -180,23 +180,5 @@ inline Case make(int batch, int heads, int kv_heads, std::int64_t lq, std::int64
   return c;
 }
 
-inline std::vector<std::int32_t> documents(int batch, std::int64_t n, const std::vector<int>& lengths) {
-  std::vector<std::int32_t> ids;
-  for (int b = 0; b < batch; ++b) {
-    std::int32_t id = 0;
-    std::size_t which = std::size_t(b) % lengths.size();
-    int left = lengths[which];
-    for (std::int64_t i = 0; i < n; ++i) {
-      if (left == 0) {
-        ++id;
-        which = (which + 1) % lengths.size();
-        left = lengths[which];
-      }
-      ids.push_back(id);
-      --left;
-    }
-  }
-  return ids;
-}
 
 }  // namespace dew::attention::testing

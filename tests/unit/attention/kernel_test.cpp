@@ -21,6 +21,7 @@ using dew::attention::Dims;
 using dew::attention::forward;
 using dew::attention::Gradients;
 using dew::attention::Stats;
+using dew::attention::testing::documents;
 using dew::attention::Window;
 using dew::attention::testing::Bound;
 using dew::attention::testing::Case;
@@ -97,26 +98,6 @@ Case filled(Case c, unsigned seed = 1) {
   return c;
 }
 
-// Segment ids: documents of the given lengths, repeated to cover n, one
-// layout per batch entry (shifted by the entry's index).
-std::vector<std::int32_t> documents(int batch, std::int64_t n, const std::vector<int>& lengths) {
-  std::vector<std::int32_t> ids;
-  for (int b = 0; b < batch; ++b) {
-    std::int32_t id = 0;
-    std::size_t which = std::size_t(b) % lengths.size();
-    int left = lengths[which];
-    for (std::int64_t i = 0; i < n; ++i) {
-      if (left == 0) {
-        ++id;
-        which = (which + 1) % lengths.size();
-        left = lengths[which];
-      }
-      ids.push_back(id);
-      --left;
-    }
-  }
-  return ids;
-}
 
 // ---------------------------------------------------------------------------
 // The reference against central finite differences of sum(out o d_out).

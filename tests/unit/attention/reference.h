@@ -224,4 +224,25 @@ double relative_error(const std::vector<T>& a, const std::vector<double>& b) {
   return norm == 0 ? err : err / norm;
 }
 
+// Segment ids: documents of the given lengths, repeated to cover n, one
+// layout per batch entry (shifted by the entry's index).
+inline std::vector<std::int32_t> documents(int batch, std::int64_t n, const std::vector<int>& lengths) {
+  std::vector<std::int32_t> ids;
+  for (int b = 0; b < batch; ++b) {
+    std::int32_t id = 0;
+    std::size_t which = std::size_t(b) % lengths.size();
+    int left = lengths[which];
+    for (std::int64_t i = 0; i < n; ++i) {
+      if (left == 0) {
+        ++id;
+        which = (which + 1) % lengths.size();
+        left = lengths[which];
+      }
+      ids.push_back(id);
+      --left;
+    }
+  }
+  return ids;
+}
+
 }  // namespace dew::attention::testing
