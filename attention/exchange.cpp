@@ -77,7 +77,8 @@ class Scratch {
 
 struct Geometry {
   int n = 1, rank = 0;
-  std::int64_t ls = 0, lks = 0;
+  std::int64_t ls = 0, lks = 0;                // this device's query rows; key rows per shard (all-to-all)
+  std::vector<std::int64_t> k_count, k_start;  // each shard's key rows and where they start in k_order
   std::vector<std::int64_t> q_order, k_order;  // whole sequences in shard order
   std::vector<std::int64_t> q_mine;            // this device's query positions
 };
@@ -104,9 +105,16 @@ Result<Geometry> geometry(Exchange exchange, const Communicator& comm, const Sha
     if (!k.ok()) return Error{"key " + k.error().message};
     if (s == g.rank) g.q_mine = q.value();
     g.q_order.insert(g.q_order.end(), q.value().begin(), q.value().end());
+    g.k_start.push_back(std::int64_t(g.k_order.size()));
+    g.k_count.push_back(std::int64_t(k.value().size()));
     g.k_order.insert(g.k_order.end(), k.value().begin(), k.value().end());
   }
-  g.ls = d.query_length / g.n;
+  // The all-to-all trades equal slices; the gather takes uneven shards.
+  if (exchange == Exchange::kAllToAll && (d.query_length % g.n != 0 || d.key_length % g.n != 0)) {
+    return Error{"all-to-all: query length " + str(d.query_length) + " and key length " + str(d.key_length) +
+                 " must both divide by the " + str(g.n) + " devices of the sequence group (or use the gather)"};
+  }
+  g.ls = std::int64_t(g.q_mine.size());
   g.lks = d.key_length / g.n;
   if (call.bias.data != nullptr &&
       (call.bias.batch_stride < -1 || call.bias.head_stride < -1 || call.bias.row_stride < -1)) {
@@ -197,21 +205,34 @@ Result<Done> to_shard(Communicator& comm, const T* whole, int batch, int count, 
   return Done{};
 }
 
-// Gathers [B][k][lks][w] shards into [B][k][N lks][w] in shard order.
+// Gathers every device's [B][k][rows][w] shard into [B][k][L][w] in shard
+// order (g.k_order). Shards may differ by a row: each is padded to the
+// largest for the all-gather, and only its own rows are kept.
 template <typename T>
-Result<Scratch<T>> gather_whole(Communicator& comm, const T* shard, int batch, int k, std::int64_t lks,
-                                    std::int64_t w) {
+Result<Scratch<T>> gather_whole(Communicator& comm, const T* shard, int batch, int k, const Geometry& g,
+                                std::int64_t w) {
   const int n = comm.size();
-  const std::size_t row = std::size_t(lks * w);
+  const std::int64_t most = *std::max_element(g.k_count.begin(), g.k_count.end());
+  const std::int64_t mine = g.k_count[std::size_t(g.rank)];
+  const std::int64_t length = g.k_start.back() + g.k_count.back();
+  const std::size_t row = std::size_t(most * w);
   const std::size_t chunk = std::size_t(batch) * std::size_t(k) * row;
+  Scratch<T> padded(mine == most ? 0 : chunk);
+  if (mine != most) {
+    std::fill(padded.data(), padded.data() + chunk, T(0));
+    for (int bk = 0; bk < batch * k; ++bk)
+      std::memcpy(padded.data() + std::size_t(bk) * row, shard + std::size_t(bk * mine * w),
+                  std::size_t(mine * w) * sizeof(T));
+  }
   Scratch<T> recv(chunk * std::size_t(n));
-  auto done = comm.all_gather<T>(std::span<const T>(shard, chunk), recv);
+  auto done = comm.all_gather<T>(std::span<const T>(mine == most ? shard : padded.data(), chunk), recv);
   if (!done.ok()) return done.error();
-  Scratch<T> whole(recv.size());
+  Scratch<T> whole(std::size_t(batch) * std::size_t(k) * std::size_t(length * w));
   for (int s = 0; s < n; ++s)
     for (int bk = 0; bk < batch * k; ++bk)
-      std::memcpy(whole.data() + (std::size_t(bk) * std::size_t(n) + std::size_t(s)) * row,
-                  recv.data() + std::size_t(s) * chunk + std::size_t(bk) * row, row * sizeof(T));
+      std::memcpy(whole.data() + std::size_t((bk * length + g.k_start[std::size_t(s)]) * w),
+                  recv.data() + std::size_t(s) * chunk + std::size_t(bk) * row,
+                  std::size_t(g.k_count[std::size_t(s)] * w) * sizeof(T));
   return whole;
 }
 
@@ -319,12 +340,22 @@ Result<std::vector<std::int64_t>> shard_positions(Layout layout, std::int64_t le
   if (devices < 1 || rank < 0 || rank >= devices) {
     return Error{"shard: rank " + str(rank) + " of " + str(devices) + " devices is not allowed"};
   }
-  const std::int64_t parts = layout == Layout::kChunkPairs ? 2 * std::int64_t(devices) : devices;
+  if (layout == Layout::kContiguous) {
+    // Uneven lengths: the first length % devices devices hold one row more.
+    if (length < devices) {
+      return Error{"length " + str(length) + " is shorter than the " + str(devices) +
+                   " devices; allowed: at least one position per device"};
+    }
+    const std::int64_t base = length / devices, extra = length % devices;
+    const std::int64_t start = rank * base + std::min<std::int64_t>(rank, extra);
+    std::vector<std::int64_t> positions(std::size_t(base + (rank < extra ? 1 : 0)));
+    for (std::size_t i = 0; i < positions.size(); ++i) positions[i] = start + std::int64_t(i);
+    return positions;
+  }
+  const std::int64_t parts = 2 * std::int64_t(devices);
   if (length < 0 || length % parts != 0) {
-    return Error{"length " + str(length) + " does not divide by " +
-                 (layout == Layout::kChunkPairs ? "2 x " + str(devices) + " devices = " + str(parts) +
-                                                      " chunks (the chunk-pair layout)"
-                                                : str(devices) + " devices")};
+    return Error{"length " + str(length) + " does not divide by 2 x " + str(devices) + " devices = " + str(parts) +
+                 " chunks (the chunk-pair layout; the contiguous layout takes any length)"};
   }
   std::vector<std::int64_t> positions;
   const std::int64_t size = length / parts;
@@ -332,7 +363,7 @@ Result<std::vector<std::int64_t>> shard_positions(Layout layout, std::int64_t le
     for (std::int64_t i = 0; i < size; ++i) positions.push_back(c * size + i);
   };
   chunk(rank);
-  if (layout == Layout::kChunkPairs) chunk(parts - 1 - rank);
+  chunk(parts - 1 - rank);
   return positions;
 }
 
@@ -348,9 +379,9 @@ struct Gathered {
 
   static Result<std::unique_ptr<Gathered>> make(Communicator& comm, const ShardCall<T>& call, const Geometry& g) {
     const Dims& d = call.dims;
-    auto k = gather_whole(comm, call.key, d.batch, d.kv_heads, g.lks, d.head_dim);
+    auto k = gather_whole(comm, call.key, d.batch, d.kv_heads, g, d.head_dim);
     if (!k.ok()) return k.error();
-    auto v = gather_whole(comm, call.value, d.batch, d.kv_heads, g.lks, d.head_dim);
+    auto v = gather_whole(comm, call.value, d.batch, d.kv_heads, g, d.head_dim);
     if (!v.ok()) return v.error();
     return std::unique_ptr<Gathered>(new Gathered{
         std::move(k.value()), std::move(v.value()),
@@ -451,17 +482,32 @@ Result<Stats> exchange_backward(Exchange exchange, Communicator& comm, const Sha
                              Gradients<T>{grads.query, dk.data(), dv.data(), grads.sinks ? ds.data() : nullptr});
     if (!stats.ok()) return stats;
     // dK, dV: every device's partial sums for every position; reduce-scatter
-    // each shard's positions to it.
-    const std::size_t row = std::size_t(g.lks * w);
+    // each shard's positions to it (shards padded to the largest, as in
+    // gather_whole; the padding rows are zeros and are not kept).
+    const std::int64_t most = *std::max_element(g.k_count.begin(), g.k_count.end());
+    const std::int64_t mine = g.k_count[std::size_t(g.rank)];
+    const std::size_t row = std::size_t(most * w);
     const std::size_t chunk = std::size_t(d.batch) * std::size_t(d.kv_heads) * row;
+    const int rows_of = d.batch * d.kv_heads;
     Scratch<T> send(chunk * std::size_t(g.n));
+    Scratch<T> padded(mine == most ? 0 : chunk);
+    if (mine != most || *std::min_element(g.k_count.begin(), g.k_count.end()) != most) {
+      std::fill(send.data(), send.data() + send.size(), T(0));
+    }
     for (auto [whole, target] : {std::pair{&dk, grads.key}, std::pair{&dv, grads.value}}) {
       for (int s = 0; s < g.n; ++s)
-        for (int bk = 0; bk < d.batch * d.kv_heads; ++bk)
+        for (int bk = 0; bk < rows_of; ++bk)
           std::memcpy(send.data() + std::size_t(s) * chunk + std::size_t(bk) * row,
-                      whole->data() + (std::size_t(bk) * std::size_t(g.n) + std::size_t(s)) * row, row * sizeof(T));
-      auto done = comm.reduce_scatter(std::span<const T>(send), std::span<T>(target, chunk));
+                      whole->data() + std::size_t((bk * d.key_length + g.k_start[std::size_t(s)]) * w),
+                      std::size_t(g.k_count[std::size_t(s)] * w) * sizeof(T));
+      auto done = comm.reduce_scatter(std::span<const T>(send),
+                                      std::span<T>(mine == most ? target : padded.data(), chunk));
       if (!done.ok()) return done.error();
+      if (mine != most) {
+        for (int bk = 0; bk < rows_of; ++bk)
+          std::memcpy(target + std::size_t(bk * mine * w), padded.data() + std::size_t(bk) * row,
+                      std::size_t(mine * w) * sizeof(T));
+      }
     }
     if (grads.sinks != nullptr) {
       std::vector<T> all(std::size_t(d.heads) * std::size_t(g.n));

@@ -27,7 +27,9 @@ namespace dew::attention {
 enum class Layout { kContiguous, kChunkPairs };
 
 // The global positions device `rank` of `devices` holds, in its local order;
-// an error when the length does not divide (by N, or by 2N for kChunkPairs).
+// contiguous shards take any length >= N (the first length % N devices hold
+// one row more; only the gather runs on uneven shards), the chunk pairs need
+// it to divide by 2N; otherwise an error.
 Result<std::vector<std::int64_t>> shard_positions(Layout layout, std::int64_t length, int devices, int rank);
 
 template <typename T>

@@ -212,7 +212,22 @@ TEST(ExchangeTest, ChunkPairPositionsRoundTrip) {
   }
   auto bad = shard_positions(Layout::kChunkPairs, 20, 4, 0);
   ASSERT_FALSE(bad.ok());
-  EXPECT_EQ(bad.error().message, "length 20 does not divide by 2 x 4 devices = 8 chunks (the chunk-pair layout)");
+  EXPECT_EQ(bad.error().message,
+            "length 20 does not divide by 2 x 4 devices = 8 chunks (the chunk-pair layout; the contiguous layout "
+            "takes any length)");
+  // Contiguous shards of an uneven length: the first length % N one row longer.
+  std::vector<std::size_t> sizes;
+  std::int64_t next = 0;
+  for (int r = 0; r < 4; ++r) {
+    auto p = shard_positions(Layout::kContiguous, 77, 4, r);
+    ASSERT_TRUE(p.ok());
+    sizes.push_back(p.value().size());
+    for (const auto x : p.value()) EXPECT_EQ(x, next++);
+  }
+  EXPECT_EQ(next, 77);
+  EXPECT_EQ(sizes, (std::vector<std::size_t>{20, 19, 19, 19}));
+  EXPECT_THAT(shard_positions(Layout::kContiguous, 3, 4, 0).error().message,
+              HasSubstr("length 3 is shorter than the 4 devices"));
 }
 
 TEST(ExchangeTest, DivisibilityFailuresYieldNoOutput) {
@@ -229,10 +244,30 @@ TEST(ExchangeTest, DivisibilityFailuresYieldNoOutput) {
   for (const auto& dev : devices) {
     EXPECT_THAT(dev.error, HasSubstr("query length 12 does not divide by 2 x 4 devices = 8 chunks"));
   }
-  // The gather over an uneven key length.
+  // The all-to-all over an uneven key length (the gather takes it: below).
   Case keys = make(1, 4, 2, 16, 7, 8);
-  devices = run_exchange<float>(keys, 2, Exchange::kGather, Layout::kContiguous);
-  for (const auto& dev : devices) EXPECT_THAT(dev.error, HasSubstr("key length 7 does not divide by 2 devices"));
+  devices = run_exchange<float>(keys, 2, Exchange::kAllToAll, Layout::kContiguous);
+  for (const auto& dev : devices) {
+    EXPECT_THAT(dev.error, HasSubstr("all-to-all: query length 16 and key length 7 must both divide by the 2 devices"));
+    for (const float x : dev.out) EXPECT_EQ(x, 7.0f);
+  }
+}
+
+// The gather takes any length: cross attention to a 77-token context, odd
+// query lengths, shards that differ by a row.
+TEST(ExchangeTest, GatherTakesAnyLength) {
+  Case cross = make(1, 4, 2, 16, 77, 8, 15, true);
+  check(cross, 2, Layout::kContiguous, /*all_to_all=*/false);
+  check(cross, 4, Layout::kContiguous, /*all_to_all=*/false);
+  Case odd = make(2, 6, 3, 13, 13, 8, 16);
+  odd.causal = true;
+  check(odd, 2, Layout::kContiguous, false);
+  check(odd, 3, Layout::kContiguous, false);
+  Case docs = make(1, 4, 2, 11, 11, 8, 17, true);
+  docs.query_segments = documents(1, 11, {4, 7});
+  docs.key_segments = docs.query_segments;
+  docs.window = Window{3, 0};
+  check(docs, 4, Layout::kContiguous, false);
 }
 
 }  // namespace
