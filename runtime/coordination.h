@@ -77,8 +77,10 @@ class CoordinationClient {
   Result<std::vector<int>> agree(const std::string& name, std::chrono::milliseconds patience);
   Result<std::vector<std::string>> gather(const std::string& round, const std::string& bytes,
                                           std::chrono::milliseconds patience, std::vector<int>& missing);
-  // Publishes this process's failure. Safe to call once from any thread.
-  void publish_failure(const std::string& message);
+  // Publishes this process's failure, then half-closes the connection and
+  // waits (up to `bound`) until the service has read it and closed its side:
+  // a process that exits right after must not have its last frame reset away.
+  void publish_failure(const std::string& message, std::chrono::milliseconds bound);
   // Async-signal-safe: writes a frame prepared by prepare_signal_frame(), if
   // no other thread is in the middle of a write.
   void publish_prepared_from_signal(int slot) noexcept;

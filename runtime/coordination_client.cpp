@@ -83,6 +83,7 @@ struct CoordinationClient::Impl {
   std::optional<PeerFailure> failure;
   bool failure_reported = false;
   bool leaving = false;
+  bool service_closed = false;  // the reader saw the end of the stream
   Clock::time_point last_heard = Clock::now();
 
   std::thread reader;
@@ -121,6 +122,11 @@ struct CoordinationClient::Impl {
       std::string error;
       auto frame = frames.next(error);
       if (!frame) {
+        {
+          std::lock_guard lock(mutex);
+          service_closed = true;
+          changed.notify_all();
+        }
         record_failure(PeerFailure{0, "lost the coordination service on process 0 (" + error + ")"});
         return;
       }
@@ -298,8 +304,11 @@ Result<std::vector<std::string>> CoordinationClient::gather(const std::string& r
   return std::vector<std::string>(items.begin() + 1, items.end());
 }
 
-void CoordinationClient::publish_failure(const std::string& message) {
+void CoordinationClient::publish_failure(const std::string& message, std::chrono::milliseconds bound) {
   impl_->write_frame(wire::Frame{wire::Type::kFail, {wire::encode_u64(static_cast<std::uint64_t>(impl_->config.rank)), message}});
+  ::shutdown(impl_->fd, SHUT_WR);
+  std::unique_lock lock(impl_->mutex);
+  impl_->changed.wait_for(lock, bound, [&] { return impl_->service_closed; });
 }
 
 void CoordinationClient::prepare_signal_frame(int slot, const std::string& message) {

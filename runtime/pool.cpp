@@ -128,7 +128,7 @@ struct Pool::State {
     }
     say(prefix() + "error: " + error);
     if (client) {
-      client->publish_failure(error);
+      client->publish_failure(error, std::chrono::seconds(1));
       // Process 0 hosts the service: its own failure must reach every peer
       // before the service dies with it.
       if (service) service->flush_failure(std::chrono::seconds(1));
