@@ -153,6 +153,19 @@ struct MaskSpec {
 Result<MaskSpec> parse_mask_kind(std::string_view text);
 std::string format_mask_kind(const MaskSpec& mask);
 
+// How the kernel behind the gather treats a mask. The seed's rule sends
+// masked calls to the all-to-all because cuDNN runs the gather's mask for its
+// reordered rows as a dense bias over every logit (kDenseBias, the default).
+// Dew's CPU kernel evaluates masks at global positions and skips fully
+// masked blocks in both exchanges (kSkipsMaskedBlocks): then a masked call
+// does the same work either way and, like an unmasked one, takes the
+// exchange that sends fewer bytes.
+enum class GatherKernel { kDenseBias, kSkipsMaskedBlocks };
+
+// "dense-bias" or "skips-masked-blocks"; anything else is an error naming it.
+Result<GatherKernel> parse_gather_kernel(std::string_view text);
+std::string_view gather_kernel_name(GatherKernel kernel);
+
 struct Call {
   int heads = 0;                  // query heads H, all tensor shards together
   int kv_heads = 0;               // key/value heads K
@@ -163,6 +176,7 @@ struct Call {
   MaskSpec mask;
   int head_dim = 128;
   int bytes_per_value = 2;  // bf16
+  GatherKernel gather_kernel = GatherKernel::kDenseBias;
 };
 
 enum class Exchange { kAllToAll, kGather };

@@ -147,93 +147,135 @@ std::vector<std::int32_t> segments_at(std::span<const std::int32_t> whole, int b
   return out;
 }
 
-// heads -> sequence: from a shard [B][hs][len][w], send destination d the
-// heads [start[d], start[d] + count); returns the whole sequence of the heads
-// this device was sent, [B][count][N len][w] in shard order.
+// One tensor's part of a heads -> sequence trade: from a shard
+// [B][hs][len][w], destination d is sent heads [start[d], start[d] + count).
 template <typename T>
-Result<Scratch<T>> to_whole_sequence(Communicator& comm, const T* shard, int batch, int hs, std::int64_t len,
-                                         std::int64_t w, const std::vector<int>& start, int count) {
-  const int n = comm.size();
-  const std::size_t row = std::size_t(len * w);
-  const std::size_t chunk = std::size_t(batch) * std::size_t(count) * row;
-  Scratch<T> send(chunk * std::size_t(n)), recv(send.size());
-  for (int d = 0; d < n; ++d)
-    for (int b = 0; b < batch; ++b)
-      for (int j = 0; j < count; ++j)
-        std::memcpy(send.data() + std::size_t(d) * chunk + std::size_t(b * count + j) * row,
-                    shard + std::size_t(b * hs + start[std::size_t(d)] + j) * row, row * sizeof(T));
+struct ToWhole {
+  const T* shard;
+  int hs;
+  std::int64_t len, w;
+  const std::vector<int>& start;
+  int count;
+  std::size_t row() const { return std::size_t(len * w); }
+};
+
+// heads -> sequence for several tensors in ONE all-to-all (on a CPU pool the
+// number of collectives, not the bytes, dominates an exchange): returns, per
+// part, the whole sequence of the heads this device was sent, [B][count][N
+// len][w] in shard order.
+template <typename T>
+Result<std::vector<Scratch<T>>> to_whole_sequences(Communicator& comm, int batch,
+                                                   std::initializer_list<ToWhole<T>> parts) {
+  const std::size_t n = std::size_t(comm.size());
+  std::size_t chunk = 0;
+  for (const ToWhole<T>& p : parts) chunk += std::size_t(batch) * std::size_t(p.count) * p.row();
+  Scratch<T> send(chunk * n), recv(send.size());
+  for (std::size_t d = 0; d < n; ++d) {
+    T* to = send.data() + d * chunk;
+    for (const ToWhole<T>& p : parts)
+      for (int b = 0; b < batch; ++b)
+        for (int j = 0; j < p.count; ++j, to += p.row())
+          std::memcpy(to, p.shard + std::size_t(b * p.hs + p.start[d] + j) * p.row(), p.row() * sizeof(T));
+  }
   auto done = comm.all_to_all<T>(send, recv);
   if (!done.ok()) return done.error();
-  Scratch<T> whole(send.size());
-  for (int s = 0; s < n; ++s)
-    for (int b = 0; b < batch; ++b)
-      for (int j = 0; j < count; ++j)
-        std::memcpy(whole.data() + (std::size_t(b * count + j) * std::size_t(n) + std::size_t(s)) * row,
-                    recv.data() + std::size_t(s) * chunk + std::size_t(b * count + j) * row, row * sizeof(T));
-  return whole;
+  std::vector<Scratch<T>> wholes;
+  wholes.reserve(parts.size());
+  for (const ToWhole<T>& p : parts) wholes.emplace_back(std::size_t(batch) * std::size_t(p.count) * p.row() * n);
+  for (std::size_t s = 0; s < n; ++s) {
+    const T* from = recv.data() + s * chunk;
+    std::size_t i = 0;
+    for (const ToWhole<T>& p : parts) {
+      T* whole = wholes[i++].data();
+      for (int b = 0; b < batch; ++b)
+        for (int j = 0; j < p.count; ++j, from += p.row())
+          std::memcpy(whole + (std::size_t(b * p.count + j) * n + s) * p.row(), from, p.row() * sizeof(T));
+    }
+  }
+  return wholes;
 }
 
-// sequence -> heads, the reverse: whole [B][count][N len][w] in shard order;
-// source s's slice lands in heads [start[s], start[s] + count) of the shard
-// [B][hs][len][w], copied or added (in source order).
+// One tensor's part of the reverse trade, sequence -> heads: whole [B][count]
+// [N len][w] in shard order; source s's slice lands in heads [start[s],
+// start[s] + count) of the shard [B][hs][len][w], copied or added (in source
+// order).
 template <typename T>
-Result<Done> to_shard(Communicator& comm, const T* whole, int batch, int count, std::int64_t len, std::int64_t w,
-                      T* shard, int hs, const std::vector<int>& start, bool add) {
-  const int n = comm.size();
-  const std::size_t row = std::size_t(len * w);
-  const std::size_t chunk = std::size_t(batch) * std::size_t(count) * row;
-  Scratch<T> send(chunk * std::size_t(n)), recv(send.size());
-  for (int d = 0; d < n; ++d)
-    for (int b = 0; b < batch; ++b)
-      for (int j = 0; j < count; ++j)
-        std::memcpy(send.data() + std::size_t(d) * chunk + std::size_t(b * count + j) * row,
-                    whole + (std::size_t(b * count + j) * std::size_t(n) + std::size_t(d)) * row, row * sizeof(T));
+struct ToShard {
+  const T* whole;
+  int count;
+  std::int64_t len, w;
+  T* shard;
+  int hs;
+  const std::vector<int>& start;
+  bool add;
+  std::size_t row() const { return std::size_t(len * w); }
+};
+
+template <typename T>
+Result<Done> to_shards(Communicator& comm, int batch, std::initializer_list<ToShard<T>> parts) {
+  const std::size_t n = std::size_t(comm.size());
+  std::size_t chunk = 0;
+  for (const ToShard<T>& p : parts) chunk += std::size_t(batch) * std::size_t(p.count) * p.row();
+  Scratch<T> send(chunk * n), recv(send.size());
+  for (std::size_t d = 0; d < n; ++d) {
+    T* to = send.data() + d * chunk;
+    for (const ToShard<T>& p : parts)
+      for (int b = 0; b < batch; ++b)
+        for (int j = 0; j < p.count; ++j, to += p.row())
+          std::memcpy(to, p.whole + (std::size_t(b * p.count + j) * n + d) * p.row(), p.row() * sizeof(T));
+  }
   auto done = comm.all_to_all<T>(send, recv);
   if (!done.ok()) return done;
-  if (add) std::fill(shard, shard + std::size_t(batch) * std::size_t(hs) * row, T(0));
-  for (int s = 0; s < n; ++s)
-    for (int b = 0; b < batch; ++b)
-      for (int j = 0; j < count; ++j) {
-        T* to = shard + std::size_t(b * hs + start[std::size_t(s)] + j) * row;
-        const T* from = recv.data() + std::size_t(s) * chunk + std::size_t(b * count + j) * row;
-        if (add) {
-          for (std::size_t e = 0; e < row; ++e) to[e] += from[e];
-        } else {
-          std::memcpy(to, from, row * sizeof(T));
+  for (const ToShard<T>& p : parts)
+    if (p.add) std::fill(p.shard, p.shard + std::size_t(batch) * std::size_t(p.hs) * p.row(), T(0));
+  for (std::size_t s = 0; s < n; ++s) {
+    const T* from = recv.data() + s * chunk;
+    for (const ToShard<T>& p : parts)
+      for (int b = 0; b < batch; ++b)
+        for (int j = 0; j < p.count; ++j, from += p.row()) {
+          T* to = p.shard + std::size_t(b * p.hs + p.start[s] + j) * p.row();
+          if (p.add) {
+            for (std::size_t e = 0; e < p.row(); ++e) to[e] += from[e];
+          } else {
+            std::memcpy(to, from, p.row() * sizeof(T));
+          }
         }
-      }
+  }
   return Done{};
 }
 
-// Gathers every device's [B][k][rows][w] shard into [B][k][L][w] in shard
-// order (g.k_order). Shards may differ by a row: each is padded to the
-// largest for the all-gather, and only its own rows are kept.
+// Gathers every device's [B][k][rows][w] shards of several tensors (same
+// shape) in ONE all-gather into [B][k][L][w] each, in shard order
+// (g.k_order). Shards may differ by a row: each is padded to the largest for
+// the all-gather, and only its own rows are kept.
 template <typename T>
-Result<Scratch<T>> gather_whole(Communicator& comm, const T* shard, int batch, int k, const Geometry& g,
-                                std::int64_t w) {
-  const int n = comm.size();
+Result<std::vector<Scratch<T>>> gather_whole(Communicator& comm, std::initializer_list<const T*> shards, int batch,
+                                             int k, const Geometry& g, std::int64_t w) {
+  const std::size_t n = std::size_t(comm.size());
   const std::int64_t most = *std::max_element(g.k_count.begin(), g.k_count.end());
   const std::int64_t mine = g.k_count[std::size_t(g.rank)];
   const std::int64_t length = g.k_start.back() + g.k_count.back();
-  const std::size_t row = std::size_t(most * w);
-  const std::size_t chunk = std::size_t(batch) * std::size_t(k) * row;
-  Scratch<T> padded(mine == most ? 0 : chunk);
-  if (mine != most) {
-    std::fill(padded.data(), padded.data() + chunk, T(0));
-    for (int bk = 0; bk < batch * k; ++bk)
-      std::memcpy(padded.data() + std::size_t(bk) * row, shard + std::size_t(bk * mine * w),
-                  std::size_t(mine * w) * sizeof(T));
-  }
-  Scratch<T> recv(chunk * std::size_t(n));
-  auto done = comm.all_gather<T>(std::span<const T>(mine == most ? shard : padded.data(), chunk), recv);
+  const std::size_t row = std::size_t(most * w), rows = std::size_t(batch) * std::size_t(k);
+  const std::size_t part = rows * row, chunk = part * shards.size();
+  Scratch<T> send(chunk), recv(chunk * n);
+  T* to = send.data();
+  for (const T* shard : shards)
+    for (std::size_t bk = 0; bk < rows; ++bk, to += row) {
+      std::memcpy(to, shard + bk * std::size_t(mine * w), std::size_t(mine * w) * sizeof(T));
+      std::fill(to + mine * w, to + row, T(0));
+    }
+  auto done = comm.all_gather<T>(send, recv);
   if (!done.ok()) return done.error();
-  Scratch<T> whole(std::size_t(batch) * std::size_t(k) * std::size_t(length * w));
-  for (int s = 0; s < n; ++s)
-    for (int bk = 0; bk < batch * k; ++bk)
-      std::memcpy(whole.data() + std::size_t((bk * length + g.k_start[std::size_t(s)]) * w),
-                  recv.data() + std::size_t(s) * chunk + std::size_t(bk) * row,
-                  std::size_t(g.k_count[std::size_t(s)] * w) * sizeof(T));
-  return whole;
+  std::vector<Scratch<T>> wholes;
+  wholes.reserve(shards.size());
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    wholes.emplace_back(rows * std::size_t(length * w));
+    for (std::size_t s = 0; s < n; ++s)
+      for (std::size_t bk = 0; bk < rows; ++bk)
+        std::memcpy(wholes[i].data() + (bk * std::size_t(length) + std::size_t(g.k_start[s])) * std::size_t(w),
+                    recv.data() + s * chunk + i * part + bk * row, std::size_t(g.k_count[s] * w) * sizeof(T));
+  }
+  return wholes;
 }
 
 // The all-to-all's head assignment: device d attends query heads
@@ -379,12 +421,10 @@ struct Gathered {
 
   static Result<std::unique_ptr<Gathered>> make(Communicator& comm, const ShardCall<T>& call, const Geometry& g) {
     const Dims& d = call.dims;
-    auto k = gather_whole(comm, call.key, d.batch, d.kv_heads, g, d.head_dim);
-    if (!k.ok()) return k.error();
-    auto v = gather_whole(comm, call.value, d.batch, d.kv_heads, g, d.head_dim);
-    if (!v.ok()) return v.error();
+    auto kv = gather_whole<T>(comm, {call.key, call.value}, d.batch, d.kv_heads, g, d.head_dim);
+    if (!kv.ok()) return kv.error();
     return std::unique_ptr<Gathered>(new Gathered{
-        std::move(k.value()), std::move(v.value()),
+        std::move(kv.value()[0]), std::move(kv.value()[1]),
         segments_at(call.query_segments, d.batch, d.query_length, g.q_mine),
         segments_at(call.key_segments, d.batch, d.key_length, g.k_order),
         local_bias(call, 0, d.batch, 0, d.heads, g.q_mine, g.k_order)});
@@ -427,31 +467,33 @@ Result<Stats> exchange_forward(Exchange exchange, Communicator& comm, const Shar
   }
 
   const HeadSplit split = head_split(d, g.n);
-  auto q = to_whole_sequence(comm, call.query, d.batch, d.heads, g.ls, w, split.q_start, split.per_device);
-  if (!q.ok()) return q.error();
-  auto k = to_whole_sequence(comm, call.key, d.batch, d.kv_heads, g.lks, w, split.kv_start, split.count);
-  if (!k.ok()) return k.error();
-  auto v = to_whole_sequence(comm, call.value, d.batch, d.kv_heads, g.lks, w, split.kv_start, split.count);
-  if (!v.ok()) return v.error();
+  const int hn = split.per_device;
+  auto qkv = to_whole_sequences<T>(comm, d.batch,
+                                   {{call.query, d.heads, g.ls, w, split.q_start, hn},
+                                    {call.key, d.kv_heads, g.lks, w, split.kv_start, split.count},
+                                    {call.value, d.kv_heads, g.lks, w, split.kv_start, split.count}});
+  if (!qkv.ok()) return qkv.error();
+  const Scratch<T>& q = qkv.value()[0];
+  const Scratch<T>& k = qkv.value()[1];
+  const Scratch<T>& v = qkv.value()[2];
   const std::int64_t lq = d.query_length, lk = d.key_length;
-  Scratch<T> o(q.value().size()), l(std::size_t(d.batch) * std::size_t(split.per_device) * std::size_t(lq));
+  Scratch<T> o(q.size()), l(std::size_t(d.batch) * std::size_t(hn) * std::size_t(lq));
   LocalRuns<T> runs{call, g, split, segments_at(call.query_segments, d.batch, lq, g.q_order),
                     segments_at(call.key_segments, d.batch, lk, g.k_order)};
   auto stats = runs.each([&](Inputs<T>& in, int b, int u, int ja) {
-    const std::size_t q_at = std::size_t(b * split.per_device + ja) * std::size_t(lq);
-    in.query = q.value().data() + q_at * std::size_t(w);
+    const std::size_t q_at = std::size_t(b * hn + ja) * std::size_t(lq);
+    in.query = q.data() + q_at * std::size_t(w);
     const std::size_t kv_at = std::size_t(b * split.count + u) * std::size_t(lk * w);
-    in.key = k.value().data() + kv_at;
-    in.value = v.value().data() + kv_at;
+    in.key = k.data() + kv_at;
+    in.value = v.data() + kv_at;
     return forward<T>(in, o.data() + q_at * std::size_t(w), l.data() + q_at);
   });
   if (!stats.ok()) return stats;
-  auto back = to_shard(comm, o.data(), d.batch, split.per_device, g.ls, w, out, d.heads, split.q_start, false);
+  const ToShard<T> to_out{o.data(), hn, g.ls, w, out, d.heads, split.q_start, false};
+  auto back = lse == nullptr ? to_shards<T>(comm, d.batch, {to_out})
+                             : to_shards<T>(comm, d.batch, {to_out, {l.data(), hn, g.ls, 1, lse, d.heads,
+                                                                     split.q_start, false}});
   if (!back.ok()) return back.error();
-  if (lse != nullptr) {
-    back = to_shard(comm, l.data(), d.batch, split.per_device, g.ls, 1, lse, d.heads, split.q_start, false);
-    if (!back.ok()) return back.error();
-  }
   return stats;
 }
 
@@ -487,28 +529,27 @@ Result<Stats> exchange_backward(Exchange exchange, Communicator& comm, const Sha
     const std::int64_t most = *std::max_element(g.k_count.begin(), g.k_count.end());
     const std::int64_t mine = g.k_count[std::size_t(g.rank)];
     const std::size_t row = std::size_t(most * w);
-    const std::size_t chunk = std::size_t(d.batch) * std::size_t(d.kv_heads) * row;
-    const int rows_of = d.batch * d.kv_heads;
-    Scratch<T> send(chunk * std::size_t(g.n));
-    Scratch<T> padded(mine == most ? 0 : chunk);
-    if (mine != most || *std::min_element(g.k_count.begin(), g.k_count.end()) != most) {
-      std::fill(send.data(), send.data() + send.size(), T(0));
-    }
-    for (auto [whole, target] : {std::pair{&dk, grads.key}, std::pair{&dv, grads.value}}) {
-      for (int s = 0; s < g.n; ++s)
-        for (int bk = 0; bk < rows_of; ++bk)
-          std::memcpy(send.data() + std::size_t(s) * chunk + std::size_t(bk) * row,
-                      whole->data() + std::size_t((bk * d.key_length + g.k_start[std::size_t(s)]) * w),
-                      std::size_t(g.k_count[std::size_t(s)] * w) * sizeof(T));
-      auto done = comm.reduce_scatter(std::span<const T>(send),
-                                      std::span<T>(mine == most ? target : padded.data(), chunk));
-      if (!done.ok()) return done.error();
-      if (mine != most) {
-        for (int bk = 0; bk < rows_of; ++bk)
-          std::memcpy(target + std::size_t(bk * mine * w), padded.data() + std::size_t(bk) * row,
-                      std::size_t(mine * w) * sizeof(T));
-      }
-    }
+    // dK and dV travel in one reduce-scatter: destination s's chunk is its
+    // dK rows, then its dV rows.
+    const std::size_t rows_of = std::size_t(d.batch) * std::size_t(d.kv_heads);
+    const std::size_t part = rows_of * row, chunk = 2 * part;
+    Scratch<T> send(chunk * std::size_t(g.n)), mine_sum(chunk);
+    const std::pair<const Scratch<T>*, T*> tensors[] = {{&dk, grads.key}, {&dv, grads.value}};
+    for (std::size_t s = 0; s < std::size_t(g.n); ++s)
+      for (std::size_t i = 0; i < 2; ++i)
+        for (std::size_t bk = 0; bk < rows_of; ++bk) {
+          T* to = send.data() + s * chunk + i * part + bk * row;
+          const std::int64_t count = g.k_count[s];
+          std::memcpy(to, tensors[i].first->data() + (bk * std::size_t(d.key_length) + std::size_t(g.k_start[s])) * std::size_t(w),
+                      std::size_t(count * w) * sizeof(T));
+          std::fill(to + count * w, to + row, T(0));
+        }
+    auto done = comm.reduce_scatter(std::span<const T>(send), std::span<T>(mine_sum));
+    if (!done.ok()) return done.error();
+    for (std::size_t i = 0; i < 2; ++i)
+      for (std::size_t bk = 0; bk < rows_of; ++bk)
+        std::memcpy(tensors[i].second + bk * std::size_t(mine * w), mine_sum.data() + i * part + bk * row,
+                    std::size_t(mine * w) * sizeof(T));
     if (grads.sinks != nullptr) {
       std::vector<T> all(std::size_t(d.heads) * std::size_t(g.n));
       auto done = comm.all_gather<T>(ds, all);
@@ -524,21 +565,23 @@ Result<Stats> exchange_backward(Exchange exchange, Communicator& comm, const Sha
 
   const HeadSplit split = head_split(d, g.n);
   const int hn = split.per_device;
-  auto q = to_whole_sequence(comm, call.query, d.batch, d.heads, g.ls, w, split.q_start, hn);
-  if (!q.ok()) return q.error();
-  auto k = to_whole_sequence(comm, call.key, d.batch, d.kv_heads, g.lks, w, split.kv_start, split.count);
-  if (!k.ok()) return k.error();
-  auto v = to_whole_sequence(comm, call.value, d.batch, d.kv_heads, g.lks, w, split.kv_start, split.count);
-  if (!v.ok()) return v.error();
-  auto o = to_whole_sequence(comm, out, d.batch, d.heads, g.ls, w, split.q_start, hn);
-  if (!o.ok()) return o.error();
-  auto l = to_whole_sequence(comm, lse, d.batch, d.heads, g.ls, 1, split.q_start, hn);
-  if (!l.ok()) return l.error();
-  auto dout = to_whole_sequence(comm, d_out, d.batch, d.heads, g.ls, w, split.q_start, hn);
-  if (!dout.ok()) return dout.error();
+  auto traded = to_whole_sequences<T>(comm, d.batch,
+                                  {{call.query, d.heads, g.ls, w, split.q_start, hn},
+                                   {call.key, d.kv_heads, g.lks, w, split.kv_start, split.count},
+                                   {call.value, d.kv_heads, g.lks, w, split.kv_start, split.count},
+                                   {out, d.heads, g.ls, w, split.q_start, hn},
+                                   {lse, d.heads, g.ls, 1, split.q_start, hn},
+                                   {d_out, d.heads, g.ls, w, split.q_start, hn}});
+  if (!traded.ok()) return traded.error();
+  const Scratch<T>& q = traded.value()[0];
+  const Scratch<T>& k = traded.value()[1];
+  const Scratch<T>& v = traded.value()[2];
+  const Scratch<T>& o = traded.value()[3];
+  const Scratch<T>& l = traded.value()[4];
+  const Scratch<T>& dout = traded.value()[5];
   const std::int64_t lq = d.query_length, lk = d.key_length;
-  Scratch<T> dq(q.value().size());  // every head written by one local run
-  Scratch<T> dk(k.value().size()), dv(v.value().size());
+  Scratch<T> dq(q.size());  // every head written by one local run
+  Scratch<T> dk(k.size()), dv(v.size());
   std::fill(dk.data(), dk.data() + dk.size(), T(0));  // key heads no local run reads stay 0
   std::fill(dv.data(), dv.data() + dv.size(), T(0));
   std::vector<T> ds(static_cast<std::size_t>(hn), T(0));
@@ -547,13 +590,12 @@ Result<Stats> exchange_backward(Exchange exchange, Communicator& comm, const Sha
                     segments_at(call.key_segments, d.batch, lk, g.k_order)};
   auto stats = runs.each([&](Inputs<T>& in, int b, int u, int ja) -> Result<Stats> {
     const std::size_t q_at = std::size_t(b * hn + ja) * std::size_t(lq);
-    in.query = q.value().data() + q_at * std::size_t(w);
+    in.query = q.data() + q_at * std::size_t(w);
     const std::size_t kv_at = std::size_t(b * split.count + u) * std::size_t(lk * w);
-    in.key = k.value().data() + kv_at;
-    in.value = v.value().data() + kv_at;
+    in.key = k.data() + kv_at;
+    in.value = v.data() + kv_at;
     const bool sinks = grads.sinks != nullptr;
-    auto r = backward<T>(in, o.value().data() + q_at * std::size_t(w), l.value().data() + q_at,
-                         dout.value().data() + q_at * std::size_t(w),
+    auto r = backward<T>(in, o.data() + q_at * std::size_t(w), l.data() + q_at, dout.data() + q_at * std::size_t(w),
                          Gradients<T>{dq.data() + q_at * std::size_t(w), dk.data() + kv_at, dv.data() + kv_at,
                                       sinks ? ds_part.data() : nullptr});
     if (r.ok() && sinks)
@@ -561,11 +603,10 @@ Result<Stats> exchange_backward(Exchange exchange, Communicator& comm, const Sha
     return r;
   });
   if (!stats.ok()) return stats;
-  auto back = to_shard(comm, dq.data(), d.batch, hn, g.ls, w, grads.query, d.heads, split.q_start, false);
-  if (!back.ok()) return back.error();
-  back = to_shard(comm, dk.data(), d.batch, split.count, g.lks, w, grads.key, d.kv_heads, split.kv_start, true);
-  if (!back.ok()) return back.error();
-  back = to_shard(comm, dv.data(), d.batch, split.count, g.lks, w, grads.value, d.kv_heads, split.kv_start, true);
+  auto back = to_shards<T>(comm, d.batch,
+                           {{dq.data(), hn, g.ls, w, grads.query, d.heads, split.q_start, false},
+                            {dk.data(), split.count, g.lks, w, grads.key, d.kv_heads, split.kv_start, true},
+                            {dv.data(), split.count, g.lks, w, grads.value, d.kv_heads, split.kv_start, true}});
   if (!back.ok()) return back.error();
   if (grads.sinks != nullptr) {
     std::vector<T> all(std::size_t(d.heads));

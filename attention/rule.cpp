@@ -76,6 +76,18 @@ std::string format_mask_kind(const MaskSpec& mask) {
   return "none";
 }
 
+Result<GatherKernel> parse_gather_kernel(std::string_view text) {
+  if (text == "dense-bias") return GatherKernel::kDenseBias;
+  if (text == "skips-masked-blocks") return GatherKernel::kSkipsMaskedBlocks;
+  return Error{"--gather-kernel: '" + std::string(text) +
+               "' is not allowed; allowed: dense-bias (cuDNN-like, the seed's rule) or skips-masked-blocks (Dew's "
+               "CPU kernel)"};
+}
+
+std::string_view gather_kernel_name(GatherKernel kernel) {
+  return kernel == GatherKernel::kDenseBias ? "dense-bias" : "skips-masked-blocks";
+}
+
 std::string_view exchange_name(Exchange exchange) {
   return exchange == Exchange::kAllToAll ? "all-to-all" : "gather";
 }
@@ -169,19 +181,26 @@ Result<Plan> choose_exchange(const Call& call) {
   } else if (!a2a.can_run) {
     plan.exchange = Exchange::kGather;
     plan.reason = "the all-to-all cannot run: " + a2a.why_not;
-  } else if (masked) {
+  } else if (masked && call.gather_kernel == GatherKernel::kDenseBias) {
     plan.exchange = Exchange::kAllToAll;
     plan.reason = "a " + format_mask_kind(call.mask) +
                   " call where both can run: the all-to-all's kernel sees whole sequences and skips masked "
                   "blocks, while the gather would run the mask as a dense bias";
-  } else if (gather.bytes < a2a.bytes) {
-    plan.exchange = Exchange::kGather;
-    plan.reason = "unmasked, and the gather sends fewer bytes: " + num(gather.units) + " against " +
-                  num(a2a.units) + units_text;
   } else {
-    plan.exchange = Exchange::kAllToAll;
-    plan.reason = "unmasked, and the all-to-all sends no more bytes: " + num(a2a.units) + " against " +
-                  num(gather.units) + units_text;
+    // The same work either way: the bytes decide.
+    const std::string why = masked ? "a " + format_mask_kind(call.mask) +
+                                         " call on a gather kernel that skips masked blocks (the same work either "
+                                         "way), and "
+                                   : "unmasked, and ";
+    if (gather.bytes < a2a.bytes) {
+      plan.exchange = Exchange::kGather;
+      plan.reason = why + "the gather sends fewer bytes: " + num(gather.units) + " against " + num(a2a.units) +
+                    units_text;
+    } else {
+      plan.exchange = Exchange::kAllToAll;
+      plan.reason = why + "the all-to-all sends no more bytes: " + num(a2a.units) + " against " +
+                    num(gather.units) + units_text;
+    }
   }
   return plan;
 }

@@ -15,6 +15,7 @@ struct PlanOptions {
   attention::Call call;
   std::int64_t kv_length = 0;  // 0: the query length
   std::string mask = "none";
+  std::string gather_kernel = "dense-bias";
 };
 
 std::string size_text(std::int64_t bytes) {
@@ -46,8 +47,11 @@ int run(PlanOptions options) {
   };
   auto mask = attention::parse_mask_kind(options.mask);
   if (!mask.ok()) return fail(mask.error());
+  auto gather_kernel = attention::parse_gather_kernel(options.gather_kernel);
+  if (!gather_kernel.ok()) return fail(gather_kernel.error());
   attention::Call& call = options.call;
   call.mask = mask.value();
+  call.gather_kernel = gather_kernel.value();
   call.key_length = options.kv_length == 0 ? call.query_length : options.kv_length;
   auto plan = attention::choose_exchange(call);
   if (!plan.ok()) return fail(plan.error());
@@ -57,7 +61,8 @@ int run(PlanOptions options) {
             << "call      heads " << call.heads << ", kv heads " << call.kv_heads << ", length "
             << call.query_length << ", kv length " << call.key_length << ", sequence " << call.sequence
             << ", tensor " << call.tensor << ", mask " << attention::format_mask_kind(call.mask) << ", head dim "
-            << call.head_dim << ", " << call.bytes_per_value << " bytes per value\n"
+            << call.head_dim << ", " << call.bytes_per_value << " bytes per value, gather kernel "
+            << attention::gather_kernel_name(call.gather_kernel) << "\n"
             << "heads     per tensor shard: " << p.shard_heads << " query, " << p.shard_kv_heads << " key";
   if (p.all_to_all.can_run) std::cout << "; the all-to-all repeats key heads to K' = " << p.repeated_kv_heads;
   std::cout << "\n"
@@ -85,6 +90,10 @@ void add_attention_plan_command(CLI::App& app) {
                       "none, causal, documents, window=W (W positions back) or window=LEFT,RIGHT (default none)");
   command->add_option("--head-dim", options->call.head_dim, "Head width (default 128)");
   command->add_option("--bytes-per-value", options->call.bytes_per_value, "Bytes per value (default 2: bf16)");
+  command->add_option("--gather-kernel", options->gather_kernel,
+                      "How the gather's kernel runs a mask: dense-bias (cuDNN-like: every logit, so masked calls "
+                      "take the all-to-all; the seed's rule; default) or skips-masked-blocks (Dew's CPU kernel: "
+                      "masked calls are decided by bytes, like unmasked ones)");
   command->callback([options] {
     if (const int code = run(*options); code != 0) throw CLI::RuntimeError(code);
   });

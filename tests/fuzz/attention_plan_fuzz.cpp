@@ -54,6 +54,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   call.head_dim = pick(data, 10, 256);
   call.bytes_per_value = pick(data, 11, 8);
   call.mask = mask.value();
+  call.gather_kernel = data[12] % 2 == 0 ? GatherKernel::kDenseBias : GatherKernel::kSkipsMaskedBlocks;
   auto plan = choose_exchange(call);
   if (!plan.ok()) {
     FUZZ_CHECK(!plan.error().message.empty());
@@ -71,8 +72,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     FUZZ_CHECK(call.query_length % call.sequence == 0 && call.key_length % call.sequence == 0);
     FUZZ_CHECK(p.repeated_kv_heads >= 1 && p.repeated_kv_heads <= p.shard_heads);
   }
-  // Unmasked calls where both run take the one sending fewer bytes.
-  if (call.sequence > 1 && call.mask.kind == MaskKind::kNone && p.all_to_all.can_run && p.gather.can_run) {
+  // Unmasked calls where both run, and masked ones on a gather kernel that
+  // skips masked blocks, take the one sending fewer bytes.
+  if (call.sequence > 1 && p.all_to_all.can_run && p.gather.can_run &&
+      (call.mask.kind == MaskKind::kNone || call.gather_kernel == GatherKernel::kSkipsMaskedBlocks)) {
     FUZZ_CHECK(chosen.bytes <= (p.exchange == Exchange::kAllToAll ? p.gather.bytes : p.all_to_all.bytes));
   }
   return 0;

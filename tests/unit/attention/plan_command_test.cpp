@@ -32,7 +32,17 @@ TEST(AttentionPlanCommandTest, CausalTakesTheAllToAll) {
   EXPECT_THAT(r.out, HasSubstr("exchange  all-to-all\n"));
   EXPECT_THAT(r.out, HasSubstr("dense bias"));
   EXPECT_THAT(r.out, HasSubstr("per tensor shard: 16 query, 4 key"));
-  EXPECT_THAT(r.out, HasSubstr("mask causal, head dim 64, 4 bytes per value"));
+  EXPECT_THAT(r.out, HasSubstr("mask causal, head dim 64, 4 bytes per value, gather kernel dense-bias"));
+}
+
+TEST(AttentionPlanCommandTest, CausalOnDewsCpuKernelGoesByBytes) {
+  const auto r = plan({"--heads", "32", "--kv-heads", "8", "--length", "4096", "--sequence", "2", "--mask", "causal",
+                       "--gather-kernel", "skips-masked-blocks"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("exchange  gather\n"));
+  EXPECT_THAT(r.out, HasSubstr("reason    a causal call on a gather kernel that skips masked blocks (the same work "
+                               "either way), and the gather sends fewer bytes: 16 against 40 units"));
+  EXPECT_THAT(r.out, HasSubstr("gather kernel skips-masked-blocks"));
 }
 
 TEST(AttentionPlanCommandTest, CrossAttentionGathers) {
@@ -55,6 +65,10 @@ TEST(AttentionPlanCommandTest, ErrorsAreOneLine) {
   r = plan({"--heads", "8", "--kv-heads", "3", "--length", "4096", "--sequence", "2"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("dew: --kv-heads: 3 does not divide --heads 8"));
+  r = plan({"--heads", "16", "--kv-heads", "16", "--length", "4096", "--sequence", "2", "--gather-kernel", "gpu"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "dew: --gather-kernel: 'gpu' is not allowed; allowed: dense-bias (cuDNN-like, the seed's rule) or "
+                   "skips-masked-blocks (Dew's CPU kernel)\n");
 }
 
 TEST(AttentionPlanCommandTest, UsageErrorsExitTwo) {

@@ -10,6 +10,7 @@ namespace {
 using dew::attention::Call;
 using dew::attention::choose_exchange;
 using dew::attention::Exchange;
+using dew::attention::GatherKernel;
 using dew::attention::MaskKind;
 using dew::attention::MaskSpec;
 using dew::attention::parse_mask_kind;
@@ -63,6 +64,41 @@ TEST(ExchangeRuleTest, SeedMaskedCallsTakeTheAllToAll) {
   }
   // The seed's measured shape: 16 query heads, 8 key heads, causal.
   EXPECT_EQ(plan(call(16, 8, 8192, 2, MaskKind::kCausal)).exchange, Exchange::kAllToAll);
+}
+
+TEST(ExchangeRuleTest, MaskedCallsOnABlockSkippingGatherKernelGoByBytes) {
+  // Dew's CPU kernel skips masked blocks in the gather too: the bytes decide,
+  // as for unmasked calls (and as bench/attention_exchange measured).
+  for (const MaskKind kind : {MaskKind::kCausal, MaskKind::kWindow, MaskKind::kDocuments}) {
+    Call c = call(32, 8, 4096, 2, kind);
+    c.gather_kernel = GatherKernel::kSkipsMaskedBlocks;
+    const Plan p = plan(c);
+    EXPECT_EQ(p.exchange, Exchange::kGather);
+    EXPECT_THAT(p.reason, HasSubstr("skips masked blocks"));
+    EXPECT_THAT(p.reason, HasSubstr("the gather sends fewer bytes: 16 against 40"));
+  }
+  // Multi-head attention over 4 devices: the all-to-all sends 2(16 + 16)/4 =
+  // 16 against the gather's 32.
+  Call c = call(16, 16, 4096, 4, MaskKind::kCausal);
+  c.gather_kernel = GatherKernel::kSkipsMaskedBlocks;
+  EXPECT_EQ(plan(c).exchange, Exchange::kAllToAll);
+  EXPECT_THAT(plan(c).reason, HasSubstr("the all-to-all sends no more bytes: 16 against 32"));
+  // Only one can run: the kernel does not matter.
+  c = call(12, 4, 4096, 8, MaskKind::kCausal);
+  c.gather_kernel = GatherKernel::kSkipsMaskedBlocks;
+  EXPECT_EQ(plan(c).exchange, Exchange::kGather);
+}
+
+TEST(ExchangeRuleTest, GatherKernelNames) {
+  EXPECT_EQ(dew::attention::parse_gather_kernel("dense-bias").value(), GatherKernel::kDenseBias);
+  EXPECT_EQ(dew::attention::parse_gather_kernel("skips-masked-blocks").value(), GatherKernel::kSkipsMaskedBlocks);
+  for (const GatherKernel k : {GatherKernel::kDenseBias, GatherKernel::kSkipsMaskedBlocks})
+    EXPECT_EQ(dew::attention::parse_gather_kernel(dew::attention::gather_kernel_name(k)).value(), k);
+  auto r = dew::attention::parse_gather_kernel("cudnn");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().message,
+            "--gather-kernel: 'cudnn' is not allowed; allowed: dense-bias (cuDNN-like, the seed's rule) or "
+            "skips-masked-blocks (Dew's CPU kernel)");
 }
 
 TEST(ExchangeRuleTest, RepeatedKeyHeads) {
