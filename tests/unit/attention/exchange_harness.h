@@ -22,6 +22,41 @@ struct Device {
   std::vector<std::int64_t> q_pos, k_pos;
   std::vector<T> q, k, v, d_out, out, lse, dq, dk, dv, ds;
   std::string error;
+  int forward_collectives = 0, backward_collectives = 0;  // calls to the communicator
+};
+
+// Passes every call to a real communicator and counts them: the exchanges
+// promise few collectives per call (on a CPU pool their number, more than
+// their bytes, sets the time).
+class CountingCommunicator final : public Communicator {
+ public:
+  explicit CountingCommunicator(Communicator& inner) : inner_(inner) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  Result<Done> all_to_all_bytes(std::span<const std::byte> send, std::span<std::byte> recv) override {
+    ++calls;
+    return inner_.all_to_all_bytes(send, recv);
+  }
+  Result<Done> all_gather_bytes(std::span<const std::byte> send, std::span<std::byte> recv) override {
+    ++calls;
+    return inner_.all_gather_bytes(send, recv);
+  }
+  Result<Done> barrier() override {
+    ++calls;
+    return inner_.barrier();
+  }
+  Result<Done> reduce_scatter(std::span<const float> send, std::span<float> recv) override {
+    ++calls;
+    return inner_.reduce_scatter(send, recv);
+  }
+  Result<Done> reduce_scatter(std::span<const double> send, std::span<double> recv) override {
+    ++calls;
+    return inner_.reduce_scatter(send, recv);
+  }
+  int calls = 0;
+
+ private:
+  Communicator& inner_;
 };
 
 // Rows `positions` of a [B][heads][length][w] tensor.
@@ -113,7 +148,9 @@ std::vector<Device<T>> run_exchange(const Case& c, int n, Exchange exchange, Lay
       call.key_block = c.key_block;
       dev.out.assign(dev.q.size(), T(7));
       dev.lse.assign(dev.q_pos.size() * std::size_t(d.batch * d.heads), T(7));
-      auto f = exchange_forward<T>(exchange, *comm.value(), call, dev.out.data(), dev.lse.data());
+      CountingCommunicator counted(*comm.value());
+      auto f = exchange_forward<T>(exchange, counted, call, dev.out.data(), dev.lse.data());
+      dev.forward_collectives = counted.calls;
       if (!f.ok()) {
         dev.error = f.error().message;
         return;
@@ -123,8 +160,9 @@ std::vector<Device<T>> run_exchange(const Case& c, int n, Exchange exchange, Lay
       dev.dv.assign(dev.v.size(), T(7));
       dev.ds.assign(c.sinks ? std::size_t(d.heads) : 0, T(7));
       auto b = exchange_backward<T>(
-          exchange, *comm.value(), call, dev.out.data(), dev.lse.data(), dev.d_out.data(),
+          exchange, counted, call, dev.out.data(), dev.lse.data(), dev.d_out.data(),
           Gradients<T>{dev.dq.data(), dev.dk.data(), dev.dv.data(), c.sinks ? dev.ds.data() : nullptr});
+      dev.backward_collectives = counted.calls - dev.forward_collectives;
       if (!b.ok()) dev.error = b.error().message;
     });
   }

@@ -197,6 +197,24 @@ TEST(ExchangeTest, TheTwoExchangesAgree) {
   }
 }
 
+TEST(ExchangeTest, OneCollectivePerDirection) {
+  // Forward: all-to-all Q, K, V out and O, LSE back (2); gather K and V (1).
+  // Backward: all-to-all Q, K, V, O, LSE, dO out and dQ, dK, dV back (2);
+  // gather K and V, reduce-scatter dK and dV (2). Sinks add one all-gather.
+  for (const bool sinks : {false, true}) {
+    Case c = make(1, 8, 4, 32, 32, 8, 5, sinks);
+    c.causal = true;
+    for (const Exchange e : {Exchange::kAllToAll, Exchange::kGather}) {
+      const auto devices = run_exchange<double>(c, 4, e, Layout::kChunkPairs);
+      for (const auto& dev : devices) {
+        ASSERT_EQ(dev.error, "") << exchange_name(e);
+        EXPECT_EQ(dev.forward_collectives, e == Exchange::kAllToAll ? 2 : 1) << exchange_name(e);
+        EXPECT_EQ(dev.backward_collectives, 2 + (sinks ? 1 : 0)) << exchange_name(e) << (sinks ? " with sinks" : "");
+      }
+    }
+  }
+}
+
 TEST(ExchangeTest, ChunkPairPositionsRoundTrip) {
   for (const int n : {1, 2, 3, 4, 8}) {
     std::vector<int> seen(std::size_t(16 * n), 0);
