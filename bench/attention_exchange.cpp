@@ -4,7 +4,11 @@
 // whether the rule (choose_exchange) picked the faster one and by how much it
 // missed. Both exchanges of a shape run interleaved (A B, B A, ...).
 //
-//   attention_exchange [--devices N] [--head-dim D] [--runs R] [--lengths L1,L2,...]
+//   attention_exchange [--devices N1,N2] [--head-dims D1,D2] [--heads H/K,...] [--lengths L1,L2,...] [--runs R]
+//
+// Two rules are scored: the seed's (the gather kernel runs masks as a dense
+// bias, so masked calls take the all-to-all) and the one for the kernel that
+// ran here, Dew's CPU kernel, which skips masked blocks in both exchanges.
 #include <cblas.h>
 
 #include <algorithm>
@@ -31,11 +35,20 @@ struct Shape {
   bool causal;
 };
 
-// Seconds of forward + backward on every rank (the slowest rank's), per run.
-std::vector<double> time_exchange(Exchange exchange, const Shape& s, int n, int head_dim, int runs) {
+struct Times {
+  std::vector<double> all_to_all, gather;  // per counted run, the slowest rank's
+};
+
+// Seconds of forward + backward of each exchange, the slowest rank's per
+// run. One Gloo group for the shape: a warm-up call of each exchange (maps
+// the buffers), then `runs` counted calls of each, interleaved A B, B A, ...
+Times time_shape(const Shape& s, int n, int head_dim, int runs) {
   const Layout layout = s.causal ? Layout::kChunkPairs : Layout::kContiguous;
   const std::int64_t ls = s.length / n;
-  std::vector<std::vector<double>> per_rank(static_cast<std::size_t>(n));
+  struct RankTimes {
+    std::vector<double> a2a, gather;
+  };
+  std::vector<RankTimes> per_rank(static_cast<std::size_t>(n));
   KeyValue store = local_key_value();
   std::vector<std::thread> threads;
   for (int rank = 0; rank < n; ++rank) {
@@ -68,26 +81,34 @@ std::vector<double> time_exchange(Exchange exchange, const Shape& s, int n, int 
       call.value = v.data();
       call.causal = s.causal;
       for (int r = 0; r <= runs; ++r) {
-        (void)comm.value()->barrier();
-        const auto start = Clock::now();
-        auto f = exchange_forward<float>(exchange, *comm.value(), call, out.data(), lse.data());
-        auto b = exchange_backward<float>(exchange, *comm.value(), call, out.data(), lse.data(), d_out.data(),
-                                          Gradients<float>{dq.data(), dk.data(), dv.data()});
-        (void)comm.value()->barrier();
-        const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-        if (!f.ok() || !b.ok()) {
-          std::fprintf(stderr, "attention_exchange: %s\n", (!f.ok() ? f.error() : b.error()).message.c_str());
-          std::exit(1);
+        const bool a_first = r % 2 == 0;
+        for (const bool first : {true, false}) {
+          const Exchange e = (first == a_first) ? Exchange::kAllToAll : Exchange::kGather;
+          (void)comm.value()->barrier();
+          const auto start = Clock::now();
+          auto f = exchange_forward<float>(e, *comm.value(), call, out.data(), lse.data());
+          auto b = exchange_backward<float>(e, *comm.value(), call, out.data(), lse.data(), d_out.data(),
+                                            Gradients<float>{dq.data(), dk.data(), dv.data()});
+          (void)comm.value()->barrier();
+          const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+          if (!f.ok() || !b.ok()) {
+            std::fprintf(stderr, "attention_exchange: %s\n", (!f.ok() ? f.error() : b.error()).message.c_str());
+            std::exit(1);
+          }
+          RankTimes& mine = per_rank[std::size_t(rank)];
+          if (r > 0) (e == Exchange::kAllToAll ? mine.a2a : mine.gather).push_back(seconds);
         }
-        if (r > 0) per_rank[std::size_t(rank)].push_back(seconds);
       }
     });
   }
   for (auto& t : threads) t.join();
-  std::vector<double> slowest(per_rank[0].size(), 0.0);
-  for (const auto& times : per_rank)
-    for (std::size_t i = 0; i < times.size(); ++i) slowest[i] = std::max(slowest[i], times[i]);
-  return slowest;
+  Times times{std::vector<double>(std::size_t(runs), 0.0), std::vector<double>(std::size_t(runs), 0.0)};
+  for (const RankTimes& rank : per_rank)
+    for (std::size_t i = 0; i < std::size_t(runs); ++i) {
+      times.all_to_all[i] = std::max(times.all_to_all[i], rank.a2a[i]);
+      times.gather[i] = std::max(times.gather[i], rank.gather[i]);
+    }
+  return times;
 }
 
 double median(std::vector<double> v) {
@@ -95,84 +116,150 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+
+// "1,2,3" -> {1, 2, 3}; false on anything but positive whole numbers.
+bool parse_list(const std::string& text, std::vector<std::int64_t>& out) {
+  out.clear();
+  for (std::size_t start = 0; start <= text.size();) {
+    const std::size_t comma = std::min(text.find(',', start), text.size());
+    const std::string item = text.substr(start, comma - start);
+    if (item.empty() || item.size() > 9 || item.find_first_not_of("0123456789") != std::string::npos) return false;
+    out.push_back(std::atoll(item.c_str()));
+    if (out.back() < 1) return false;
+    start = comma + 1;
+  }
+  return !out.empty();
+}
+
+// "16/8,4/4" -> {{16, 8}, {4, 4}}; false unless every K divides its H.
+bool parse_heads(const std::string& text, std::vector<std::pair<int, int>>& out) {
+  out.clear();
+  for (std::size_t start = 0; start <= text.size();) {
+    const std::size_t comma = std::min(text.find(',', start), text.size());
+    const std::string item = text.substr(start, comma - start);
+    const std::size_t slash = item.find('/');
+    std::vector<std::int64_t> h, k;
+    if (slash == std::string::npos || !parse_list(item.substr(0, slash), h) || !parse_list(item.substr(slash + 1), k) ||
+        h.size() != 1 || k.size() != 1 || h[0] > 4096 || h[0] % k[0] != 0)
+      return false;
+    out.emplace_back(int(h[0]), int(k[0]));
+    start = comma + 1;
+  }
+  return !out.empty();
+}
+
+// How a rule did over the grid.
+// A shape is decided when every counted run (the exchanges interleaved)
+// agrees on which exchange is faster; otherwise the medians differ by less
+// than this host's run-to-run noise, and either pick is as good.
+struct Score {
+  int right = 0, total = 0, decided = 0, right_decided = 0;
+  double worst = 0;
+  double add(Exchange picked, Exchange faster, bool is_decided, double ta, double tg) {
+    const double miss = picked == faster ? 0.0 : (picked == Exchange::kAllToAll ? ta / tg : tg / ta) - 1.0;
+    ++total;
+    right += picked == faster ? 1 : 0;
+    decided += is_decided ? 1 : 0;
+    right_decided += is_decided && picked == faster ? 1 : 0;
+    worst = std::max(worst, miss);
+    return miss;
+  }
+  void print(const char* name) const {
+    std::printf("%s: picked the faster exchange in %d of %d shapes (%.0f%%); largest miss %.1f%%; target (>= 90%% "
+                "right, misses <= 10%%) %s; in the %d shapes every run decided: %d right\n",
+                name, right, total, 100.0 * right / std::max(total, 1), 100.0 * worst,
+                (right * 10 >= total * 9 && worst <= 0.10) ? "met" : "not met", decided, right_decided);
+  }
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  int n = 2, head_dim = 64, runs = 3;
-  std::vector<std::int64_t> lengths = {1024, 2048};
+  const char* usage =
+      "usage: attention_exchange [--devices N1,N2] [--head-dims D1,D2] [--heads H/K,...] [--lengths L1,L2,...] "
+      "[--runs R]\n";
+  std::vector<std::int64_t> devices = {2}, head_dims = {64}, lengths = {1024, 2048}, runs_list = {3};
+  if (argc % 2 == 0) {
+    std::fputs(usage, stderr);
+    return 2;
+  }
+  std::vector<std::pair<int, int>> heads = {{16, 8}, {32, 8}, {16, 16}, {4, 4}};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string arg = argv[i], value = argv[i + 1];
-    if (arg == "--devices") n = std::atoi(value.c_str());
-    else if (arg == "--head-dim") head_dim = std::atoi(value.c_str());
-    else if (arg == "--runs") runs = std::atoi(value.c_str());
-    else if (arg == "--lengths") {
-      lengths.clear();
-      for (std::size_t start = 0; start < value.size();) {
-        const std::size_t comma = std::min(value.find(',', start), value.size());
-        lengths.push_back(std::atoll(value.substr(start, comma - start).c_str()));
-        start = comma + 1;
+    if (arg == "--heads") {
+      if (!parse_heads(value, heads)) {
+        std::fprintf(stderr, "attention_exchange: --heads %s is not allowed; allowed: H/K pairs, comma separated, K "
+                             "dividing H (e.g. 16/8,4/4)\n%s", value.c_str(), usage);
+        return 2;
       }
-    } else {
-      std::fprintf(stderr, "usage: attention_exchange [--devices N] [--head-dim D] [--runs R] [--lengths L1,L2]\n");
+      continue;
+    }
+    std::vector<std::int64_t>* target = arg == "--devices"     ? &devices
+                                        : arg == "--head-dims" ? &head_dims
+                                        : arg == "--lengths"   ? &lengths
+                                        : arg == "--runs"      ? &runs_list
+                                                               : nullptr;
+    if (target == nullptr || !parse_list(value, *target) || (target == &runs_list && runs_list.size() != 1)) {
+      std::fprintf(stderr, "attention_exchange: %s %s is not allowed; allowed: positive whole numbers, comma "
+                           "separated (--runs: one)\n%s", arg.c_str(), value.c_str(), usage);
       return 2;
     }
   }
-  if (n < 1 || head_dim < 1 || runs < 1 || lengths.empty() || argc % 2 == 0) {
-    std::fprintf(stderr, "usage: attention_exchange [--devices N] [--head-dim D] [--runs R] [--lengths L1,L2]\n");
-    return 2;
-  }
+  const int runs = int(runs_list[0]);
   openblas_set_num_threads(1);
-  std::printf("sequence-parallel exchanges over a CPU pool: %d thread-ranks, Gloo over loopback TCP, fp32\n", n);
+  std::printf("sequence-parallel exchanges over a CPU pool: N thread-ranks, Gloo over loopback TCP, fp32, batch 1\n");
   std::printf("time: forward + backward of one call, slowest rank, median of %d after 1 warm-up; exchanges "
-              "interleaved per run\n\n",
+              "interleaved per run\n",
               runs);
-  std::printf("%-7s %-6s %-9s %12s %12s %-11s %-11s %s\n", "heads", "length", "mask", "all-to-all", "gather",
-              "rule", "faster", "miss");
-  int right = 0, total = 0;
-  double worst = 0;
-  const std::vector<std::pair<int, int>> heads = {{16, 8}, {32, 8}, {16, 16}, {4, 4}};
-  for (const auto& [h, k] : heads)
-    for (const std::int64_t length : lengths)
-      for (const bool causal : {false, true}) {
-        const Shape shape{h, k, length, causal};
-        Call call;
-        call.heads = h;
-        call.kv_heads = k;
-        call.query_length = call.key_length = length;
-        call.sequence = n;
-        call.head_dim = head_dim;
-        call.bytes_per_value = 4;
-        call.mask.kind = causal ? MaskKind::kCausal : MaskKind::kNone;
-        auto plan = choose_exchange(call);
-        if (!plan.ok()) {
-          std::printf("%3d/%-3d %-6lld %-9s  %s\n", h, k, static_cast<long long>(length), causal ? "causal" : "none",
-                      plan.error().message.c_str());
-          continue;
-        }
-        std::vector<double> a2a, gather;
-        for (int r = 0; r < runs; ++r) {  // interleaved: A B, B A, ...
-          const bool a_first = r % 2 == 0;
-          for (const bool first : {true, false}) {
-            const Exchange e = (first == a_first) ? Exchange::kAllToAll : Exchange::kGather;
-            const double t = time_exchange(e, shape, n, head_dim, 1)[0];
-            (e == Exchange::kAllToAll ? a2a : gather).push_back(t);
+  std::printf("rules: 'seed' = the seed's (gather kernel dense-bias: masked calls take the all-to-all); 'cpu' = "
+              "for Dew's CPU kernel (skips-masked-blocks: bytes decide)\n");
+  std::printf("faster: by median; '?' where the counted runs disagree on which is faster (a tie within noise)\n\n");
+  std::printf("%-2s %-4s %-6s %-6s %-7s %11s %11s %-11s %-11s %7s %-11s %7s\n", "N", "D", "heads", "length", "mask",
+              "all-to-all", "gather", "faster", "seed rule", "miss", "cpu rule", "miss");
+  Score seed, cpu;
+  for (const std::int64_t n : devices)
+    for (const std::int64_t head_dim : head_dims)
+      for (const auto& [h, k] : heads)
+        for (const std::int64_t length : lengths)
+          for (const bool causal : {false, true}) {
+            Call call;
+            call.heads = h;
+            call.kv_heads = k;
+            call.query_length = call.key_length = length;
+            call.sequence = int(n);
+            call.head_dim = int(head_dim);
+            call.bytes_per_value = 4;
+            call.mask.kind = causal ? MaskKind::kCausal : MaskKind::kNone;
+            auto seed_plan = choose_exchange(call);
+            call.gather_kernel = GatherKernel::kSkipsMaskedBlocks;
+            auto cpu_plan = choose_exchange(call);
+            if (!seed_plan.ok() || !cpu_plan.ok()) {
+              std::printf("%-2lld %-4lld %3d/%-3d %-6lld %-7s %s\n", static_cast<long long>(n),
+                          static_cast<long long>(head_dim), h, k, static_cast<long long>(length),
+                          causal ? "causal" : "none",
+                          (!seed_plan.ok() ? seed_plan : cpu_plan).error().message.c_str());
+              continue;
+            }
+            const Times times = time_shape(Shape{h, k, length, causal}, int(n), int(head_dim), runs);
+            const double ta = median(times.all_to_all), tg = median(times.gather);
+            const Exchange faster = ta <= tg ? Exchange::kAllToAll : Exchange::kGather;
+            int a2a_wins = 0;
+            for (std::size_t r = 0; r < times.all_to_all.size(); ++r)
+              a2a_wins += times.all_to_all[r] <= times.gather[r] ? 1 : 0;
+            const bool decided = a2a_wins == 0 || a2a_wins == runs;
+            const Exchange by_seed = seed_plan.value().exchange, by_cpu = cpu_plan.value().exchange;
+            const double seed_miss = seed.add(by_seed, faster, decided, ta, tg);
+            const double cpu_miss = cpu.add(by_cpu, faster, decided, ta, tg);
+            std::printf("%-2lld %-4lld %3d/%-3d %-6lld %-7s %10.3fs %10.3fs %-11s %-11s %6.1f%% %-11s %6.1f%%\n",
+                        static_cast<long long>(n), static_cast<long long>(head_dim), h, k,
+                        static_cast<long long>(length), causal ? "causal" : "none", ta, tg,
+                        (std::string(exchange_name(faster)) + (decided ? "" : "?")).c_str(),
+                        std::string(exchange_name(by_seed)).c_str(),
+                        100.0 * seed_miss, std::string(exchange_name(by_cpu)).c_str(), 100.0 * cpu_miss);
+            std::fflush(stdout);
           }
-        }
-        const double ta = median(a2a), tg = median(gather);
-        const Exchange faster = ta <= tg ? Exchange::kAllToAll : Exchange::kGather;
-        const Exchange picked = plan.value().exchange;
-        const double miss = picked == faster ? 0.0 : (picked == Exchange::kAllToAll ? ta / tg : tg / ta) - 1.0;
-        ++total;
-        right += picked == faster ? 1 : 0;
-        worst = std::max(worst, miss);
-        std::printf("%3d/%-3d %-6lld %-9s %11.3fs %11.3fs %-11s %-11s %.1f%%\n", h, k,
-                    static_cast<long long>(length), causal ? "causal" : "none", ta, tg,
-                    std::string(exchange_name(picked)).c_str(), std::string(exchange_name(faster)).c_str(),
-                    100.0 * miss);
-      }
-  std::printf("\nrule picked the faster exchange in %d of %d shapes; largest miss %.1f%%\n", right, total,
-              100.0 * worst);
-  std::printf("target: right in >= 90%% of shapes, misses <= 10%%: %s\n",
-              (right * 10 >= total * 9 && worst <= 0.10) ? "met" : "not met");
+  std::printf("\n");
+  seed.print("seed rule");
+  cpu.print("cpu rule ");
   return 0;
 }
