@@ -9,6 +9,13 @@
 //   gather: queries stay, keys and values are gathered whole; the backward
 //     reduce-scatters dK and dV (accumulating in T: fp32 for float).
 //
+// Each direction packs its tensors into one collective: per forward +
+// backward the all-to-all makes 4 (Q, K, V out, O and LSE back; Q, K, V, O,
+// LSE, dO out, dQ, dK, dV back) and the gather 3 (K and V gathered in the
+// forward and again in the backward, dK and dV reduce-scattered), plus one
+// all-gather of the sinks' gradient when there are sinks. On a CPU pool the
+// number of collectives weighs more than their bytes.
+//
 // How the sequence is cut (Layout) is the caller's: contiguous shards, or the
 // 2N-chunk balance (device r holds chunks r and 2N-1-r), which evens out a
 // causal call's work. Masks are evaluated at global positions either way.
