@@ -147,6 +147,33 @@ std::vector<std::int32_t> segments_at(std::span<const std::int32_t> whole, int b
   return out;
 }
 
+// The one all-to-all behind both trades below: part i sends each device d
+// batch x count rows of row() values, from source(i, d, b, j), and hands
+// the row it receives from device s to sink(i, s, b, j, row). One collective
+// for all parts: on a CPU pool their number, not their bytes, dominates.
+template <typename T, typename Part, typename Source, typename Sink>
+Result<Done> trade_rows(Communicator& comm, int batch, std::initializer_list<Part> parts, Source&& source,
+                        Sink&& sink) {
+  const std::size_t n = std::size_t(comm.size());
+  std::size_t chunk = 0;
+  for (const Part& p : parts) chunk += std::size_t(batch) * std::size_t(p.count) * p.row();
+  Scratch<T> send(chunk * n), recv(send.size());
+  T* to = send.data();
+  for (std::size_t d = 0; d < n; ++d)
+    for (std::size_t i = 0; i < parts.size(); ++i)
+      for (int b = 0; b < batch; ++b)
+        for (int j = 0; j < parts.begin()[i].count; ++j, to += parts.begin()[i].row())
+          std::memcpy(to, source(i, d, b, j), parts.begin()[i].row() * sizeof(T));
+  auto done = comm.all_to_all<T>(send, recv);
+  if (!done.ok()) return done;
+  const T* from = recv.data();
+  for (std::size_t s = 0; s < n; ++s)
+    for (std::size_t i = 0; i < parts.size(); ++i)
+      for (int b = 0; b < batch; ++b)
+        for (int j = 0; j < parts.begin()[i].count; ++j, from += parts.begin()[i].row()) sink(i, s, b, j, from);
+  return Done{};
+}
+
 // One tensor's part of a heads -> sequence trade: from a shard
 // [B][hs][len][w], destination d is sent heads [start[d], start[d] + count).
 template <typename T>
@@ -159,39 +186,28 @@ struct ToWhole {
   std::size_t row() const { return std::size_t(len * w); }
 };
 
-// heads -> sequence for several tensors in ONE all-to-all (on a CPU pool the
-// number of collectives, not the bytes, dominates an exchange): returns, per
-// part, the whole sequence of the heads this device was sent, [B][count][N
-// len][w] in shard order.
+// heads -> sequence for several tensors in one all-to-all: returns, per part,
+// the whole sequence of the heads this device was sent, [B][count][N len][w]
+// in shard order.
 template <typename T>
 Result<std::vector<Scratch<T>>> to_whole_sequences(Communicator& comm, int batch,
                                                    std::initializer_list<ToWhole<T>> parts) {
   const std::size_t n = std::size_t(comm.size());
-  std::size_t chunk = 0;
-  for (const ToWhole<T>& p : parts) chunk += std::size_t(batch) * std::size_t(p.count) * p.row();
-  Scratch<T> send(chunk * n), recv(send.size());
-  for (std::size_t d = 0; d < n; ++d) {
-    T* to = send.data() + d * chunk;
-    for (const ToWhole<T>& p : parts)
-      for (int b = 0; b < batch; ++b)
-        for (int j = 0; j < p.count; ++j, to += p.row())
-          std::memcpy(to, p.shard + std::size_t(b * p.hs + p.start[d] + j) * p.row(), p.row() * sizeof(T));
-  }
-  auto done = comm.all_to_all<T>(send, recv);
-  if (!done.ok()) return done.error();
   std::vector<Scratch<T>> wholes;
   wholes.reserve(parts.size());
   for (const ToWhole<T>& p : parts) wholes.emplace_back(std::size_t(batch) * std::size_t(p.count) * p.row() * n);
-  for (std::size_t s = 0; s < n; ++s) {
-    const T* from = recv.data() + s * chunk;
-    std::size_t i = 0;
-    for (const ToWhole<T>& p : parts) {
-      T* whole = wholes[i++].data();
-      for (int b = 0; b < batch; ++b)
-        for (int j = 0; j < p.count; ++j, from += p.row())
-          std::memcpy(whole + (std::size_t(b * p.count + j) * n + s) * p.row(), from, p.row() * sizeof(T));
-    }
-  }
+  auto done = trade_rows<T>(
+      comm, batch, parts,
+      [&](std::size_t i, std::size_t d, int b, int j) {
+        const ToWhole<T>& p = parts.begin()[i];
+        return p.shard + std::size_t(b * p.hs + p.start[d] + j) * p.row();
+      },
+      [&](std::size_t i, std::size_t s, int b, int j, const T* row) {
+        const ToWhole<T>& p = parts.begin()[i];
+        std::memcpy(wholes[i].data() + (std::size_t(b * p.count + j) * n + s) * p.row(), row,
+                    p.row() * sizeof(T));
+      });
+  if (!done.ok()) return done.error();
   return wholes;
 }
 
@@ -214,34 +230,23 @@ struct ToShard {
 template <typename T>
 Result<Done> to_shards(Communicator& comm, int batch, std::initializer_list<ToShard<T>> parts) {
   const std::size_t n = std::size_t(comm.size());
-  std::size_t chunk = 0;
-  for (const ToShard<T>& p : parts) chunk += std::size_t(batch) * std::size_t(p.count) * p.row();
-  Scratch<T> send(chunk * n), recv(send.size());
-  for (std::size_t d = 0; d < n; ++d) {
-    T* to = send.data() + d * chunk;
-    for (const ToShard<T>& p : parts)
-      for (int b = 0; b < batch; ++b)
-        for (int j = 0; j < p.count; ++j, to += p.row())
-          std::memcpy(to, p.whole + (std::size_t(b * p.count + j) * n + d) * p.row(), p.row() * sizeof(T));
-  }
-  auto done = comm.all_to_all<T>(send, recv);
-  if (!done.ok()) return done;
   for (const ToShard<T>& p : parts)
     if (p.add) std::fill(p.shard, p.shard + std::size_t(batch) * std::size_t(p.hs) * p.row(), T(0));
-  for (std::size_t s = 0; s < n; ++s) {
-    const T* from = recv.data() + s * chunk;
-    for (const ToShard<T>& p : parts)
-      for (int b = 0; b < batch; ++b)
-        for (int j = 0; j < p.count; ++j, from += p.row()) {
-          T* to = p.shard + std::size_t(b * p.hs + p.start[s] + j) * p.row();
-          if (p.add) {
-            for (std::size_t e = 0; e < p.row(); ++e) to[e] += from[e];
-          } else {
-            std::memcpy(to, from, p.row() * sizeof(T));
-          }
+  return trade_rows<T>(
+      comm, batch, parts,
+      [&](std::size_t i, std::size_t d, int b, int j) {
+        const ToShard<T>& p = parts.begin()[i];
+        return p.whole + (std::size_t(b * p.count + j) * n + d) * p.row();
+      },
+      [&](std::size_t i, std::size_t s, int b, int j, const T* row) {
+        const ToShard<T>& p = parts.begin()[i];
+        T* to = p.shard + std::size_t(b * p.hs + p.start[s] + j) * p.row();
+        if (p.add) {
+          for (std::size_t e = 0; e < p.row(); ++e) to[e] += row[e];
+        } else {
+          std::memcpy(to, row, p.row() * sizeof(T));
         }
-  }
-  return Done{};
+      });
 }
 
 // Gathers every device's [B][k][rows][w] shards of several tensors (same
