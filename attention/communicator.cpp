@@ -16,7 +16,11 @@ Result<Done> reduce_scatter_via_all_to_all(Communicator& comm, std::span<const T
                  std::to_string(n) + " ranks x " + std::to_string(recv.size()) + " received = " +
                  std::to_string(recv.size() * n)};
   }
-  std::vector<T> gathered(send.size());
+  // Kept per thread: a fresh buffer of this size (tens of MiB for dK and dV)
+  // is mapped and page-faulted in again on every call, which on a virtual
+  // machine costs a few percent of a gather's backward.
+  thread_local std::vector<T> gathered;
+  gathered.resize(send.size());
   auto done = comm.all_to_all<T>(send, gathered);
   if (!done.ok()) return done;
   const std::size_t chunk = recv.size();
