@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "collective_checks.h"
 #include "nccl_communicator.h"
 
 namespace {
@@ -21,6 +22,7 @@ using dew::attention::Communicator;
 using dew::attention::KeyValue;
 using dew::attention::NcclOptions;
 using ::testing::HasSubstr;
+using namespace dew::attention::testing;
 
 // The number of GPUs, or 0 with cudaGetDeviceCount's reason in *why.
 int gpus(std::string* why) {
@@ -68,113 +70,33 @@ void spawn(int size, const std::function<void(Communicator&)>& body, const std::
 class NcclCommunicatorTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(NcclCommunicatorTest, AllToAll) {
-  const int n = GetParam();
-  NEED_GPUS(n);
-  spawn(n, [n](Communicator& comm) {
-    const int chunk = 5;
-    std::vector<float> send(std::size_t(n * chunk)), recv(send.size());
-    for (int to = 0; to < n; ++to)
-      for (int i = 0; i < chunk; ++i) send[std::size_t(to * chunk + i)] = float(comm.rank() * 1000 + to * 10 + i);
-    auto done = comm.all_to_all<float>(send, recv);
-    ASSERT_TRUE(done.ok()) << done.error().message;
-    for (int from = 0; from < n; ++from)
-      for (int i = 0; i < chunk; ++i)
-        EXPECT_EQ(recv[std::size_t(from * chunk + i)], float(from * 1000 + comm.rank() * 10 + i));
-  });
+  NEED_GPUS(GetParam());
+  spawn(GetParam(), [n = GetParam()](Communicator& comm) { check_all_to_all(comm, n); });
 }
 
 TEST_P(NcclCommunicatorTest, AllGather) {
-  const int n = GetParam();
-  NEED_GPUS(n);
-  spawn(n, [n](Communicator& comm) {
-    std::vector<double> send = {comm.rank() + 0.5, comm.rank() * 2.0, -1.0};
-    std::vector<double> recv(std::size_t(3 * n));
-    auto done = comm.all_gather<double>(send, recv);
-    ASSERT_TRUE(done.ok()) << done.error().message;
-    for (int r = 0; r < n; ++r) {
-      EXPECT_EQ(recv[std::size_t(3 * r)], r + 0.5);
-      EXPECT_EQ(recv[std::size_t(3 * r + 1)], r * 2.0);
-      EXPECT_EQ(recv[std::size_t(3 * r + 2)], -1.0);
-    }
-  });
+  NEED_GPUS(GetParam());
+  spawn(GetParam(), [n = GetParam()](Communicator& comm) { check_all_gather(comm, n); });
 }
 
 TEST_P(NcclCommunicatorTest, ReduceScatter) {
-  const int n = GetParam();
-  NEED_GPUS(n);
-  spawn(n, [n](Communicator& comm) {
-    const int chunk = 4;
-    std::vector<float> send(std::size_t(n * chunk)), recv(chunk);
-    for (std::size_t i = 0; i < send.size(); ++i) send[i] = float(comm.rank() + 1) * 0.1f + float(i);
-    auto done = comm.reduce_scatter(std::span<const float>(send), std::span<float>(recv));
-    ASSERT_TRUE(done.ok()) << done.error().message;
-    for (int i = 0; i < chunk; ++i) {
-      float expected = 0;  // rank order, fp32
-      for (int r = 0; r < n; ++r) expected += float(r + 1) * 0.1f + float(comm.rank() * chunk + i);
-      // NCCL adds in its own order: the same bits as rank order up to 2 ranks.
-      if (n <= 2) {
-        EXPECT_EQ(recv[std::size_t(i)], expected);
-      } else {
-        EXPECT_FLOAT_EQ(recv[std::size_t(i)], expected);
-      }
-    }
-    std::vector<double> send64(std::size_t(n * chunk)), recv64(chunk);
-    for (std::size_t i = 0; i < send64.size(); ++i) send64[i] = double(comm.rank()) + double(i) * 0.25;
-    done = comm.reduce_scatter(std::span<const double>(send64), std::span<double>(recv64));
-    ASSERT_TRUE(done.ok()) << done.error().message;
-    for (int i = 0; i < chunk; ++i) {
-      double expected = 0;  // quarters and integers: exact in any order
-      for (int r = 0; r < n; ++r) expected += double(r) + double(comm.rank() * chunk + i) * 0.25;
-      EXPECT_EQ(recv64[std::size_t(i)], expected);
-    }
-    done = comm.barrier();
-    EXPECT_TRUE(done.ok()) << done.error().message;
-  });
+  NEED_GPUS(GetParam());
+  // NCCL adds in its own order: the same bits as rank order up to 2 ranks.
+  spawn(GetParam(), [n = GetParam()](Communicator& comm) { check_reduce_scatter(comm, n, n <= 2); });
 }
 
 TEST_P(NcclCommunicatorTest, ManyCallsInARowAndGrowingSizes) {
-  const int n = GetParam();
-  NEED_GPUS(n);
-  spawn(n, [n](Communicator& comm) {
-    for (int round = 0; round < 20; ++round) {
-      const std::size_t per = std::size_t(1 + round * 37);  // the device buffer grows
-      std::vector<int> send(std::size_t(n) * per, comm.rank() + round);
-      std::vector<int> recv(send.size());
-      auto done = comm.all_to_all<int>(send, recv);
-      ASSERT_TRUE(done.ok()) << done.error().message;
-      for (int r = 0; r < n; ++r)
-        for (std::size_t i = 0; i < per; ++i) EXPECT_EQ(recv[std::size_t(r) * per + i], r + round);
-      done = comm.barrier();
-      ASSERT_TRUE(done.ok()) << done.error().message;
-    }
-  });
+  NEED_GPUS(GetParam());
+  spawn(GetParam(), [n = GetParam()](Communicator& comm) { check_many_calls(comm, n); });
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, NcclCommunicatorTest, ::testing::Values(1, 2, 3, 4));
 
 TEST(NcclCommunicatorErrorsTest, SizesThatDoNotFit) {
   NEED_GPUS(2);
-  spawn(2, [](Communicator& comm) {
-    std::vector<float> send(3), recv(3);
-    auto r = comm.all_to_all<float>(send, recv);
-    ASSERT_FALSE(r.ok());
-    EXPECT_THAT(r.error().message, HasSubstr("all_to_all: 3 values to send and 3 to receive are not allowed"));
-    std::vector<float> small(5);
-    r = comm.all_gather<float>(send, small);
-    ASSERT_FALSE(r.ok());
-    EXPECT_THAT(r.error().message, HasSubstr("all_gather: 20 bytes to receive is not allowed; allowed: 2 ranks x 12"));
-    std::vector<float> one(2);
-    r = comm.reduce_scatter(std::span<const float>(send), std::span<float>(one));
-    ASSERT_FALSE(r.ok());
-    EXPECT_THAT(r.error().message, HasSubstr("reduce_scatter: 3 values to send is not allowed"));
-    // A refused call exchanged nothing: the communicator still works.
-    r = comm.barrier();
-    EXPECT_TRUE(r.ok()) << r.error().message;
-  });
+  spawn(2, check_size_errors);
 }
 
-// These need no GPU: options are checked, and rank 0's id awaited, before
-// any CUDA call.
 TEST(NcclCommunicatorErrorsTest, BadOptions) {
   NcclOptions options;
   options.rank = 2;
