@@ -82,7 +82,7 @@ TEST(ExchangeRuleTest, MaskedCallsOnABlockSkippingGatherKernelGoByBytes) {
   Call c = call(16, 16, 4096, 4, MaskKind::kCausal);
   c.gather_kernel = GatherKernel::kSkipsMaskedBlocks;
   EXPECT_EQ(plan(c).exchange, Exchange::kAllToAll);
-  EXPECT_THAT(plan(c).reason, HasSubstr("the all-to-all sends no more bytes: 16 against 32"));
+  EXPECT_THAT(plan(c).reason, HasSubstr("the all-to-all sends fewer bytes: 16 against 32"));
   // Only one can run: the kernel does not matter.
   c = call(12, 4, 4096, 8, MaskKind::kCausal);
   c.gather_kernel = GatherKernel::kSkipsMaskedBlocks;
@@ -126,14 +126,36 @@ TEST(ExchangeRuleTest, RepeatedKeyHeads) {
   EXPECT_DOUBLE_EQ(p.gather.units, 8);
 }
 
-TEST(ExchangeRuleTest, MultiHeadTieTakesTheAllToAll) {
-  const Plan p = plan(call(16, 16, 4096, 2));
+TEST(ExchangeRuleTest, EqualBytesTakeTheExchangeWithFewerCalls) {
+  // Multi-head attention over two devices, fp32: 2(16 + 16)/2 = 32 units
+  // either way. The gather makes one collective call forward, the all-to-all
+  // two.
+  Call c = call(16, 16, 4096, 2);
+  c.bytes_per_value = 4;
+  Plan p = plan(c);
   EXPECT_DOUBLE_EQ(p.all_to_all.units, 32);
   EXPECT_DOUBLE_EQ(p.gather.units, 32);
+  EXPECT_EQ(p.all_to_all.bytes, p.gather.bytes);
+  EXPECT_EQ(p.exchange, Exchange::kGather);
+  EXPECT_THAT(p.reason, HasSubstr("both send 32 units"));
+  EXPECT_THAT(p.reason, HasSubstr("the gather makes fewer collective calls: 3 against 4"));
+  // fp64 reduces in fp64: no more than the forward counts.
+  c.bytes_per_value = 8;
+  EXPECT_EQ(plan(c).exchange, Exchange::kGather);
+  // The same for a causal call on a block-skipping gather kernel.
+  c = call(4, 4, 4096, 2, MaskKind::kCausal);
+  c.bytes_per_value = 4;
+  c.gather_kernel = GatherKernel::kSkipsMaskedBlocks;
+  EXPECT_EQ(plan(c).exchange, Exchange::kGather);
+  // bf16 values (the default): the gather's fp32 reduce-scatter of dK and dV
+  // would send more than the forward counts, so the all-to-all keeps the tie.
+  p = plan(call(16, 16, 4096, 2));
   EXPECT_EQ(p.exchange, Exchange::kAllToAll);
-  EXPECT_THAT(p.reason, HasSubstr("no more bytes"));
+  EXPECT_THAT(p.reason, HasSubstr("reduce-scatter dK and dV in fp32, more than --bytes-per-value 2"));
   // More key heads than the all-to-all sends: it wins outright.
-  EXPECT_EQ(plan(call(4, 4, 4096, 4)).exchange, Exchange::kAllToAll);
+  p = plan(call(4, 4, 4096, 4));
+  EXPECT_EQ(p.exchange, Exchange::kAllToAll);
+  EXPECT_THAT(p.reason, HasSubstr("the all-to-all sends fewer bytes: 4 against 8"));
 }
 
 TEST(ExchangeRuleTest, TensorShardsCountTheirOwnHeads) {
