@@ -196,19 +196,21 @@ Result<Plan> choose_exchange(const Call& call) {
       plan.exchange = Exchange::kGather;
       plan.reason = why + "the gather sends fewer bytes: " + num(gather.units) + " against " + num(a2a.units) +
                     units_text;
-    } else if (gather.bytes == a2a.bytes && call.bytes_per_value >= 4) {
+    } else if (gather.bytes == a2a.bytes) {
       // Equal bytes (multi-head attention over two devices, for one): every
       // collective call costs a latency, and the gather makes fewer, one
       // all-gather forward against the all-to-all's two trades. Narrower
       // values than fp32 tip it back: the gather's backward reduce-scatters
       // dK and dV in fp32, more bytes than its forward counts.
-      plan.exchange = Exchange::kGather;
-      plan.reason = why + "both send " + num(a2a.units) + units_text +
-                    ", and the gather makes fewer collective calls: 3 against 4 per forward and backward";
-    } else if (gather.bytes == a2a.bytes) {
-      plan.exchange = Exchange::kAllToAll;
-      plan.reason = why + "both send " + num(a2a.units) + units_text + " forward, and the gather's backward would "
-                    "reduce-scatter dK and dV in fp32, more than --bytes-per-value " + str(call.bytes_per_value);
+      const std::string both = why + "both send " + num(a2a.units) + units_text;
+      if (call.bytes_per_value >= 4) {
+        plan.exchange = Exchange::kGather;
+        plan.reason = both + ", and the gather makes fewer collective calls: 3 against 4 per forward and backward";
+      } else {
+        plan.exchange = Exchange::kAllToAll;
+        plan.reason = both + " forward, and the gather's backward would reduce-scatter dK and dV in fp32, more "
+                             "than --bytes-per-value " + str(call.bytes_per_value);
+      }
     } else {
       plan.exchange = Exchange::kAllToAll;
       plan.reason = why + "the all-to-all sends fewer bytes: " + num(a2a.units) + " against " +
