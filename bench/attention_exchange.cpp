@@ -5,6 +5,12 @@
 // missed. Both exchanges of a shape run interleaved (A B, B A, ...).
 //
 //   attention_exchange [--devices N1,N2] [--head-dims D1,D2] [--heads H/K,...] [--lengths L1,L2,...] [--runs R]
+//                      [--min-ms M]
+//
+// A run of an exchange is as many back-to-back calls as fill M milliseconds
+// (250 by default), timed together and divided: a 25 ms call timed once is
+// mostly scheduler and loopback noise, and the rule is scored against
+// differences of a few percent.
 //
 // Two rules are scored: the seed's (the gather kernel runs masks as a dense
 // bias, so masked calls take the all-to-all) and the one for the kernel that
@@ -12,6 +18,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <barrier>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -40,16 +47,26 @@ struct Times {
   std::vector<double> all_to_all, gather;  // per counted run, the slowest rank's
 };
 
-// Seconds of forward + backward of each exchange, the slowest rank's per
-// run. One Gloo group for the shape: a warm-up call of each exchange (maps
-// the buffers), then `runs` counted calls of each, interleaved A B, B A, ...
-Times time_shape(const Shape& s, int n, int head_dim, int runs) {
+// Calls per counted run: enough to fill min_seconds at the warm-up's pace
+// (the slowest rank's, so that every rank computes the same count and makes
+// the same collective calls).
+int calls_per_run(double warm_up_seconds, double min_seconds) {
+  return int(std::clamp(std::ceil(min_seconds / std::max(warm_up_seconds, 1e-6)), 1.0, 1000.0));
+}
+
+// Seconds of forward + backward of one call of each exchange, the slowest
+// rank's per run. One Gloo group for the shape: a warm-up call of each
+// exchange (maps the buffers and sets the calls per run), then `runs`
+// counted runs of each, interleaved A B, B A, ...
+Times time_shape(const Shape& s, int n, int head_dim, int runs, double min_seconds) {
   const Layout layout = s.causal ? Layout::kChunkPairs : Layout::kContiguous;
   const std::int64_t ls = s.length / n;
   struct RankTimes {
     std::vector<double> a2a, gather;
   };
   std::vector<RankTimes> per_rank(static_cast<std::size_t>(n));
+  std::vector<double> warm_a2a(std::size_t(n), 0.0), warm_gather(std::size_t(n), 0.0);
+  std::barrier warmed_up(n);
   KeyValue store = local_key_value();
   std::vector<std::thread> threads;
   for (int rank = 0; rank < n; ++rank) {
@@ -81,23 +98,33 @@ Times time_shape(const Shape& s, int n, int head_dim, int runs) {
       call.key = k.data();
       call.value = v.data();
       call.causal = s.causal;
+      int calls[2] = {1, 1};  // all-to-all, gather; 1 for the warm-up
       for (int r = 0; r <= runs; ++r) {
         const bool a_first = r % 2 == 0;
         for (const bool first : {true, false}) {
           const Exchange e = (first == a_first) ? Exchange::kAllToAll : Exchange::kGather;
+          const int count = calls[e == Exchange::kAllToAll ? 0 : 1];
           (void)comm.value()->barrier();
           const auto start = Clock::now();
-          auto f = exchange_forward<float>(e, *comm.value(), call, out.data(), lse.data());
-          auto b = exchange_backward<float>(e, *comm.value(), call, out.data(), lse.data(), d_out.data(),
-                                            Gradients<float>{dq.data(), dk.data(), dv.data()});
-          (void)comm.value()->barrier();
-          const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-          if (!f.ok() || !b.ok()) {
-            std::fprintf(stderr, "attention_exchange: %s\n", (!f.ok() ? f.error() : b.error()).message.c_str());
-            std::exit(1);
+          for (int c = 0; c < count; ++c) {
+            auto f = exchange_forward<float>(e, *comm.value(), call, out.data(), lse.data());
+            auto b = exchange_backward<float>(e, *comm.value(), call, out.data(), lse.data(), d_out.data(),
+                                              Gradients<float>{dq.data(), dk.data(), dv.data()});
+            if (!f.ok() || !b.ok()) {
+              std::fprintf(stderr, "attention_exchange: %s\n", (!f.ok() ? f.error() : b.error()).message.c_str());
+              std::exit(1);
+            }
           }
+          (void)comm.value()->barrier();
+          const double seconds = std::chrono::duration<double>(Clock::now() - start).count() / count;
           RankTimes& mine = per_rank[std::size_t(rank)];
           if (r > 0) (e == Exchange::kAllToAll ? mine.a2a : mine.gather).push_back(seconds);
+          else (e == Exchange::kAllToAll ? warm_a2a : warm_gather)[std::size_t(rank)] = seconds;
+        }
+        if (r == 0) {
+          warmed_up.arrive_and_wait();
+          calls[0] = calls_per_run(*std::max_element(warm_a2a.begin(), warm_a2a.end()), min_seconds);
+          calls[1] = calls_per_run(*std::max_element(warm_gather.begin(), warm_gather.end()), min_seconds);
         }
       }
     });
@@ -183,8 +210,9 @@ struct Score {
 int main(int argc, char** argv) {
   const char* usage =
       "usage: attention_exchange [--devices N1,N2] [--head-dims D1,D2] [--heads H/K,...] [--lengths L1,L2,...] "
-      "[--runs R]\n";
-  std::vector<std::int64_t> devices = {2}, head_dims = {64}, lengths = {1024, 2048}, runs_list = {3};
+      "[--runs R] [--min-ms M]\n";
+  std::vector<std::int64_t> devices = {2}, head_dims = {64}, lengths = {1024, 2048}, runs_list = {3},
+                            min_ms_list = {250};
   if (argc % 2 == 0) {
     std::fputs(usage, stderr);
     return 2;
@@ -204,19 +232,21 @@ int main(int argc, char** argv) {
                                         : arg == "--head-dims" ? &head_dims
                                         : arg == "--lengths"   ? &lengths
                                         : arg == "--runs"      ? &runs_list
+                                        : arg == "--min-ms"    ? &min_ms_list
                                                                : nullptr;
-    if (target == nullptr || !parse_list(value, *target) || (target == &runs_list && runs_list.size() != 1)) {
+    if (target == nullptr || !parse_list(value, *target) || (target->size() != 1 && (target == &runs_list || target == &min_ms_list))) {
       std::fprintf(stderr, "attention_exchange: %s %s is not allowed; allowed: positive whole numbers, comma "
-                           "separated (--runs: one)\n%s", arg.c_str(), value.c_str(), usage);
+                           "separated (--runs, --min-ms: one)\n%s", arg.c_str(), value.c_str(), usage);
       return 2;
     }
   }
   const int runs = int(runs_list[0]);
+  const double min_seconds = double(min_ms_list[0]) / 1000.0;
   openblas_set_num_threads(1);
   std::printf("sequence-parallel exchanges over a CPU pool: N thread-ranks, Gloo over loopback TCP, fp32, batch 1\n");
-  std::printf("time: forward + backward of one call, slowest rank, median of %d after 1 warm-up; exchanges "
-              "interleaved per run\n",
-              runs);
+  std::printf("time: forward + backward of one call, slowest rank, median of %d runs after 1 warm-up, a run being as "
+              "many back-to-back calls as fill %.0f ms; exchanges interleaved per run\n",
+              runs, 1000.0 * min_seconds);
   std::printf("rules: 'seed' = the seed's (gather kernel dense-bias: masked calls take the all-to-all); 'cpu' = "
               "for Dew's CPU kernel (skips-masked-blocks: bytes decide)\n");
   // Under a true tie each interleaved run picks a winner by a coin toss, so
@@ -251,7 +281,7 @@ int main(int argc, char** argv) {
                           (!seed_plan.ok() ? seed_plan : cpu_plan).error().message.c_str());
               continue;
             }
-            const Times times = time_shape(Shape{h, k, length, causal}, int(n), int(head_dim), runs);
+            const Times times = time_shape(Shape{h, k, length, causal}, int(n), int(head_dim), runs, min_seconds);
             const double ta = median(times.all_to_all), tg = median(times.gather);
             const Exchange faster = ta <= tg ? Exchange::kAllToAll : Exchange::kGather;
             int a2a_wins = 0;
@@ -261,7 +291,7 @@ int main(int argc, char** argv) {
             const Exchange by_seed = seed_plan.value().exchange, by_cpu = cpu_plan.value().exchange;
             const double seed_miss = seed.add(by_seed, faster, decided, ta, tg);
             const double cpu_miss = cpu.add(by_cpu, faster, decided, ta, tg);
-            std::printf("%-2lld %-4lld %3d/%-3d %-6lld %-7s %10.3fs %10.3fs %-11s %-11s %6.1f%% %-11s %6.1f%%\n",
+            std::printf("%-2lld %-4lld %3d/%-3d %-6lld %-7s %10.4fs %10.4fs %-11s %-11s %6.1f%% %-11s %6.1f%%\n",
                         static_cast<long long>(n), static_cast<long long>(head_dim), h, k,
                         static_cast<long long>(length), causal ? "causal" : "none", ta, tg,
                         (std::string(exchange_name(faster)) + (decided ? "" : "?")).c_str(),
