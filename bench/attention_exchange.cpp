@@ -61,11 +61,13 @@ int calls_per_run(double warm_up_seconds, double min_seconds) {
 Times time_shape(const Shape& s, int n, int head_dim, int runs, double min_seconds) {
   const Layout layout = s.causal ? Layout::kChunkPairs : Layout::kContiguous;
   const std::int64_t ls = s.length / n;
+  // Per exchange, indexed by slot(): the warm-up's seconds and each counted run's.
+  auto slot = [](Exchange e) { return e == Exchange::kAllToAll ? 0 : 1; };
   struct RankTimes {
-    std::vector<double> a2a, gather;
+    double warm_up[2] = {0, 0};
+    std::vector<double> runs[2];
   };
   std::vector<RankTimes> per_rank(static_cast<std::size_t>(n));
-  std::vector<double> warm_a2a(std::size_t(n), 0.0), warm_gather(std::size_t(n), 0.0);
   std::barrier warmed_up(n);
   KeyValue store = local_key_value();
   std::vector<std::thread> threads;
@@ -98,12 +100,12 @@ Times time_shape(const Shape& s, int n, int head_dim, int runs, double min_secon
       call.key = k.data();
       call.value = v.data();
       call.causal = s.causal;
-      int calls[2] = {1, 1};  // all-to-all, gather; 1 for the warm-up
+      int calls[2] = {1, 1};  // by slot(); 1 for the warm-up
       for (int r = 0; r <= runs; ++r) {
         const bool a_first = r % 2 == 0;
         for (const bool first : {true, false}) {
           const Exchange e = (first == a_first) ? Exchange::kAllToAll : Exchange::kGather;
-          const int count = calls[e == Exchange::kAllToAll ? 0 : 1];
+          const int count = calls[slot(e)];
           (void)comm.value()->barrier();
           const auto start = Clock::now();
           for (int c = 0; c < count; ++c) {
@@ -118,13 +120,16 @@ Times time_shape(const Shape& s, int n, int head_dim, int runs, double min_secon
           (void)comm.value()->barrier();
           const double seconds = std::chrono::duration<double>(Clock::now() - start).count() / count;
           RankTimes& mine = per_rank[std::size_t(rank)];
-          if (r > 0) (e == Exchange::kAllToAll ? mine.a2a : mine.gather).push_back(seconds);
-          else (e == Exchange::kAllToAll ? warm_a2a : warm_gather)[std::size_t(rank)] = seconds;
+          if (r > 0) mine.runs[slot(e)].push_back(seconds);
+          else mine.warm_up[slot(e)] = seconds;
         }
         if (r == 0) {
           warmed_up.arrive_and_wait();
-          calls[0] = calls_per_run(*std::max_element(warm_a2a.begin(), warm_a2a.end()), min_seconds);
-          calls[1] = calls_per_run(*std::max_element(warm_gather.begin(), warm_gather.end()), min_seconds);
+          for (int i : {0, 1}) {
+            double slowest = 0;
+            for (const RankTimes& other : per_rank) slowest = std::max(slowest, other.warm_up[i]);
+            calls[i] = calls_per_run(slowest, min_seconds);
+          }
         }
       }
     });
@@ -133,8 +138,8 @@ Times time_shape(const Shape& s, int n, int head_dim, int runs, double min_secon
   Times times{std::vector<double>(std::size_t(runs), 0.0), std::vector<double>(std::size_t(runs), 0.0)};
   for (const RankTimes& rank : per_rank)
     for (std::size_t i = 0; i < std::size_t(runs); ++i) {
-      times.all_to_all[i] = std::max(times.all_to_all[i], rank.a2a[i]);
-      times.gather[i] = std::max(times.gather[i], rank.gather[i]);
+      times.all_to_all[i] = std::max(times.all_to_all[i], rank.runs[slot(Exchange::kAllToAll)][i]);
+      times.gather[i] = std::max(times.gather[i], rank.runs[slot(Exchange::kGather)][i]);
     }
   return times;
 }
@@ -234,7 +239,8 @@ int main(int argc, char** argv) {
                                         : arg == "--runs"      ? &runs_list
                                         : arg == "--min-ms"    ? &min_ms_list
                                                                : nullptr;
-    if (target == nullptr || !parse_list(value, *target) || (target->size() != 1 && (target == &runs_list || target == &min_ms_list))) {
+    const bool one_value_only = target == &runs_list || target == &min_ms_list;
+    if (target == nullptr || !parse_list(value, *target) || (one_value_only && target->size() != 1)) {
       std::fprintf(stderr, "attention_exchange: %s %s is not allowed; allowed: positive whole numbers, comma "
                            "separated (--runs, --min-ms: one)\n%s", arg.c_str(), value.c_str(), usage);
       return 2;
