@@ -11,6 +11,7 @@ namespace dew::testing {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using namespace std::chrono_literals;
 
 std::string worker() {
@@ -56,6 +57,41 @@ TEST(SlurmPool, ARankThatThrowsEndsTheStepWithItsErrorPrintedOnce) {
     EXPECT_EQ(occurrences(run.out + run.err, "[2] error: uncaught exception: boom from rank 2"), 1) << run.err;
     EXPECT_THAT(run.err, HasSubstr("ending: process 2 failed: uncaught exception: boom from rank 2")) << run.err;
   }
+}
+
+// Sequence-parallel attention (tests/pool/attention_pool_worker) over pools
+// that srun starts on the two nodes: every device a Gloo rank over TCP whose
+// rendezvous goes through the pool, both exchanges checked forward and
+// backward against whole-sequence attention on each rank.
+void expect_attention(const RunResult& run, int processes, int devices_per_process) {
+  ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
+  EXPECT_THAT(run.out, Not(HasSubstr("MISMATCH"))) << run.out;
+  // 9 cases x 2 exchanges x 2 precisions on every process.
+  EXPECT_EQ(occurrences(run.out, ": ok"), 36 * processes) << run.out;
+  const int devices = processes * devices_per_process;
+  EXPECT_EQ(occurrences(run.out, "ALL OK: " + std::to_string(devices) + " devices (" + std::to_string(processes) +
+                                     " processes x " + std::to_string(devices_per_process) + ")"),
+            processes)
+      << run.out;
+}
+
+TEST(SlurmPool, SequenceParallelAttentionUnderSrunDewPool) {
+  const char* attention_worker = std::getenv("DEW_ATTENTION_POOL_WORKER");
+  ASSERT_NE(attention_worker, nullptr) << "the build names tests/pool/attention_pool_worker here";
+  // 2 nodes x 1 task x 2 devices: each node's devices are threads of its task.
+  expect_attention(cluster().srun({"--dew-pool", "--dew-coordinator=127.0.0.1", "-N2", "--ntasks-per-node=1",
+                                   attention_worker, "2"},
+                                  {{"OPENBLAS_NUM_THREADS", "1"}}, 120s),
+                   2, 2);
+}
+
+TEST(SlurmPool, SequenceParallelAttentionUnderSrunMpiPmix) {
+  const char* attention_worker = std::getenv("DEW_ATTENTION_POOL_WORKER");
+  ASSERT_NE(attention_worker, nullptr) << "the build names tests/pool/attention_pool_worker here";
+  // 2 nodes x 2 tasks x 1 device, the pool formed over PMIx.
+  expect_attention(cluster().srun({"--mpi=pmix", "-N2", "--ntasks-per-node=2", attention_worker, "1"},
+                                  {{"OPENBLAS_NUM_THREADS", "1"}}, 120s),
+                   4, 1);
 }
 
 TEST(SlurmPool, DewEnvShowsTheResolvedIdentity) {

@@ -4,10 +4,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <memory>
+#include <thread>
 
 #include "process.h"
 
@@ -44,6 +46,45 @@ TEST_P(AttentionPool, BothExchangesMatchWholeSequenceAttention) {
     EXPECT_EQ(dew::testing::occurrences(process.out(), ": ok"), 36) << process.out();
     EXPECT_THAT(process.out(), HasSubstr("ALL OK: " + std::to_string(n) + " devices"));
   }
+}
+
+// A process killed while its peers wait for it inside an exchange's
+// collective: the pool notices the lost connection and ends every peer within
+// seconds, naming the process, instead of leaving them blocked in Gloo.
+TEST(AttentionPoolFailure, AKilledProcessEndsItsPeersMidExchange) {
+  const char* worker = std::getenv("DEW_ATTENTION_POOL_WORKER");
+  ASSERT_NE(worker, nullptr);
+  const std::string port = std::to_string(dew::testing::free_loopback_port());
+  std::vector<std::unique_ptr<Spawned>> ranks;
+  for (int rank = 0; rank < 3; ++rank) {
+    ranks.push_back(std::make_unique<Spawned>(
+        std::vector<std::string>{worker, "2", "stall", "1"},
+        std::map<std::string, std::string>{{"DEW_PROCESS_ID", std::to_string(rank)},
+                                           {"DEW_PROCESS_COUNT", "3"},
+                                           {"DEW_COORDINATOR_ADDRESS", "127.0.0.1:" + port},
+                                           {"DEW_POOL_SECRET", "attention-test-secret"},
+                                           {"OPENBLAS_NUM_THREADS", "1"}}));
+  }
+  auto describe = [&ranks] {
+    std::string text;
+    for (std::size_t r = 0; r < ranks.size(); ++r)
+      text += "--- rank " + std::to_string(r) + ":\n" + ranks[r]->out() + ranks[r]->err();
+    return text;
+  };
+  ASSERT_TRUE(ranks[1]->wait_for_output("STALLING", std::chrono::seconds(120))) << describe();
+  // The peers are in the third exchange's first collective, waiting for process 1.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ranks[1]->signal(SIGKILL);
+  const auto killed = std::chrono::steady_clock::now();
+  for (int r : {0, 2}) {
+    auto& peer = *ranks[static_cast<std::size_t>(r)];
+    EXPECT_EQ(peer.wait(std::chrono::seconds(10)), 75) << describe();
+    EXPECT_THAT(peer.err(), HasSubstr("ending: process 1 failed: process 1 lost its connection")) << describe();
+    EXPECT_THAT(peer.out(), Not(HasSubstr("ALL OK")));
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  EXPECT_LT(seconds, 5.0) << describe();
+  EXPECT_EQ(ranks[1]->wait(std::chrono::seconds(5)), 128 + SIGKILL);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, AttentionPool,

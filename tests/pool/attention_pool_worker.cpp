@@ -6,9 +6,15 @@
 //
 //   attention_pool_worker D      prints "CASE <name> <exchange> <type>: ok"
 //                                or ": MISMATCH ...", then "ALL OK" (exit 0)
+//   attention_pool_worker D stall P
+//                                the same, but process P prints "STALLING"
+//                                before its third exchange and never starts
+//                                it, so its peers wait inside a collective
+//                                (for tests that then kill P)
 #include <chrono>
 #include <iostream>
 #include <string>
+#include <thread>
 
 #include "exchange_harness.h"
 #include "pool.h"
@@ -55,6 +61,7 @@ std::vector<Named> cases(int n) {
 
 int main(int argc, char** argv) {
   const int per_process = argc > 1 ? std::stoi(argv[1]) : 1;
+  const int stalling_process = argc > 3 && std::string(argv[2]) == "stall" ? std::stoi(argv[3]) : -1;
   auto pool = dew::runtime::join();
   const int n = pool.size() * per_process;
   std::vector<int> mine;
@@ -81,6 +88,10 @@ int main(int argc, char** argv) {
         }
         std::cout << line << std::endl;
       };
+      if (pool.rank() == stalling_process && round == 2) {
+        std::cout << "STALLING" << std::endl;
+        for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+      }
       const std::string prefix = "attention/" + std::to_string(round++);
       report("fp32", mismatches<float>(named.c, whole_run<float>(named.c),
                                        run_exchange<float>(named.c, n, exchange, named.layout, store, mine, prefix + "/f"),
