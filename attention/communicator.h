@@ -7,17 +7,12 @@
 //                       key-value store given as two functions (put, get)
 //   make_nccl_communicator   (nccl_communicator.h, built where CUDA is) one
 //                       NCCL rank on one GPU, its unique id through the store
-//   local_key_value     an in-process store: a STAND-IN for the runtime
-//                       pool's key-value exchange until that is wired in;
-//                       it serves ranks that are threads of one process
+//   local_key_value     an in-process store, for ranks that are threads of
+//                       one process and no pool (tests, benchmarks)
 //
-// Wiring the pool (runtime/pool.h) is two lambdas:
-//   KeyValue kv{
-//       [&pool](const std::string& k, const std::vector<char>& v) { pool.put(k, {v.begin(), v.end()}); },
-//       [&pool](const std::string& k) {
-//         const std::string s = pool.get(k, timeout);
-//         return std::vector<char>(s.begin(), s.end());
-//       }};
+// Across processes the store is the runtime pool's key-value exchange:
+// pool_key_value(pool, timeout), or make_axis_communicator for a mesh axis's
+// group (axis_communicator.h).
 //
 // Every call is collective: every rank of the group makes it, in the same
 // order, with the same sizes. Failures (a peer gone, a timeout, sizes that do
@@ -82,8 +77,7 @@ struct KeyValue {
   std::function<std::vector<char>(const std::string&)> get;
 };
 
-// STAND-IN until the runtime pool's key-value exchange is wired in: a store
-// in this process's memory, shared by every copy of the returned value, so
+// A store in this process's memory, shared by every copy of the returned value, so
 // ranks running as threads of one process can rendezvous. get waits up to
 // `timeout` for a key.
 KeyValue local_key_value(std::chrono::milliseconds timeout = std::chrono::seconds(30));

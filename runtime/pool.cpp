@@ -341,7 +341,10 @@ Pool join(JoinOptions options) {
 
 void Pool::put(const std::string& key, const std::string& value) {
   if (!state_->client) {
+    // A pool of one may still run several device threads that rendezvous here.
+    std::lock_guard lock(state_->mutex);
     state_->local_kv[key] = value;
+    state_->changed.notify_all();
     return;
   }
   state_->client->put(key, value);
@@ -349,9 +352,11 @@ void Pool::put(const std::string& key, const std::string& value) {
 
 std::string Pool::get(const std::string& key, std::chrono::milliseconds timeout) {
   if (!state_->client) {
-    auto found = state_->local_kv.find(key);
-    if (found == state_->local_kv.end()) throw PoolError("get('" + key + "'): no process put it within " + seconds_text(timeout));
-    return found->second;
+    // Another thread of this process may put it: wait, as a pooled get does.
+    std::unique_lock lock(state_->mutex);
+    if (!state_->changed.wait_for(lock, timeout, [&] { return state_->local_kv.count(key) > 0; }))
+      throw PoolError("get('" + key + "'): no process put it within " + seconds_text(timeout));
+    return state_->local_kv.at(key);
   }
   auto value = state_->checked(state_->client->get(key, timeout));
   if (!value) throw PoolError("get('" + key + "'): no process put it within " + seconds_text(timeout));

@@ -42,8 +42,13 @@ TEST_P(AttentionPool, BothExchangesMatchWholeSequenceAttention) {
     auto& process = *ranks[static_cast<std::size_t>(rank)];
     ASSERT_EQ(process.wait(std::chrono::seconds(300)), 0) << process.out() << process.err();
     EXPECT_THAT(process.out(), Not(HasSubstr("MISMATCH")));
-    // 9 cases x 2 exchanges x 2 precisions, each checked on this process's devices.
-    EXPECT_EQ(dew::testing::occurrences(process.out(), ": ok"), 36) << process.out();
+    // 9 cases x 2 exchanges x 2 precisions, each checked on this process's
+    // devices, then the tensor 2 x sequence N/2 mesh: in these layouts each
+    // process's devices hold one tensor shard, checked for both exchanges.
+    EXPECT_EQ(dew::testing::occurrences(process.out(), ": ok"), 38) << process.out();
+    EXPECT_EQ(dew::testing::occurrences(process.out(), "CASE tensor-2-x-sequence-" + std::to_string(n / 2) + " shard "),
+              2)
+        << process.out();
     EXPECT_THAT(process.out(), HasSubstr("ALL OK: " + std::to_string(n) + " devices"));
   }
 }

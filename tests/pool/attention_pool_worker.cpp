@@ -1,8 +1,10 @@
 // Sequence-parallel attention across the processes of a real pool: every
-// process joins (libdew), runs D devices as threads, each a Gloo rank whose
-// rendezvous goes through the pool's key-value exchange, and checks both
-// exchanges, forward and backward, against whole-sequence attention it
-// computes itself (fp32 within 1e-5, fp64 within 1e-12 relative).
+// process joins (libdew), runs D devices as threads, each a Gloo rank of its
+// mesh group made from the pool and a mesh (make_axis_communicator), and
+// checks both exchanges, forward and backward, against whole-sequence
+// attention it computes itself (fp32 within 1e-5, fp64 within 1e-12
+// relative): every device in one sequence group, then (when 4 divides the
+// device count) heads split over tensor 2 x sequence N/2.
 //
 //   attention_pool_worker D      prints "CASE <name> <exchange> <type>: ok"
 //                                or ": MISMATCH ...", then "ALL OK" (exit 0)
@@ -11,12 +13,15 @@
 //                                before its third exchange and never starts
 //                                it, so its peers wait inside a collective
 //                                (for tests that then kill P)
+#include <algorithm>
 #include <chrono>
 #include <iostream>
 #include <string>
 #include <thread>
 
+#include "axis_communicator.h"
 #include "exchange_harness.h"
+#include "mesh.h"
 #include "pool.h"
 
 namespace {
@@ -57,6 +62,31 @@ std::vector<Named> cases(int n) {
   return out;
 }
 
+// Runs `exchange` on this process's devices of the sequence group that
+// `member` (any local device's membership) names, each device's Gloo rank made
+// from the pool and the mesh, and reports against the case's whole result.
+template <typename T>
+std::vector<std::string> run_group(dew::runtime::Pool& pool, const dew::mesh::Mesh& mesh, const Case& c,
+                                   Exchange exchange, Layout layout, const AxisMember& member,
+                                   const std::vector<int>& local_devices, double tolerance) {
+  std::vector<int> ranks;  // this process's devices' ranks in the group
+  for (int r = 0; r < member.size; ++r)
+    if (std::count(local_devices.begin(), local_devices.end(), member.devices[std::size_t(r)]) > 0)
+      ranks.push_back(r);
+  const Connect connect = [&](int rank) {
+    return make_axis_communicator(pool, mesh, dew::mesh::Axis::kSequence, member.devices[std::size_t(rank)]);
+  };
+  return mismatches<T>(c, whole_run<T>(c), run_exchange<T>(c, member.size, exchange, layout, ranks, connect),
+                       tolerance, ranks);
+}
+
+dew::mesh::Mesh mesh_for(const std::string& spec, int processes, int per_process) {
+  auto built = dew::mesh::build_mesh(dew::mesh::parse_mesh_spec(spec).value(),
+                                     dew::mesh::cpu_pool(processes, per_process));
+  if (!built.ok()) throw std::runtime_error(built.error().message);
+  return built.value();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -64,43 +94,73 @@ int main(int argc, char** argv) {
   const int stalling_process = argc > 3 && std::string(argv[2]) == "stall" ? std::stoi(argv[3]) : -1;
   auto pool = dew::runtime::join();
   const int n = pool.size() * per_process;
-  std::vector<int> mine;
+  std::vector<int> mine;  // this process's device ids: cpu_pool numbers them process by process
   for (int d = 0; d < per_process; ++d) mine.push_back(pool.rank() * per_process + d);
-  // The Gloo rendezvous over the pool: put and get are safe from threads.
-  KeyValue store{
-      [&pool](const std::string& key, const std::vector<char>& value) { pool.put(key, {value.begin(), value.end()}); },
-      [&pool](const std::string& key) {
-        const std::string value = pool.get(key, std::chrono::seconds(60));
-        return std::vector<char>(value.begin(), value.end());
-      }};
   bool all_ok = true;
+  auto report = [&](const std::string& what, const std::vector<std::string>& bad) {
+    std::string line = "CASE " + what + ": ";
+    if (bad.empty()) {
+      line += "ok";
+    } else {
+      all_ok = false;
+      line += "MISMATCH";
+      for (const auto& b : bad) line += "; " + b;
+    }
+    std::cout << line << std::endl;
+  };
+
+  // Every device in one sequence group of n.
+  const auto sequence_mesh = mesh_for("sequence=" + std::to_string(n), pool.size(), per_process);
+  const AxisMember group = axis_member(sequence_mesh, dew::mesh::Axis::kSequence, mine[0]).value();
   int round = 0;
   for (const Named& named : cases(n)) {
     for (const Exchange exchange : {Exchange::kAllToAll, Exchange::kGather}) {
-      auto report = [&](const char* type, const std::vector<std::string>& bad) {
-        std::string line = "CASE " + named.name + " " + std::string(exchange_name(exchange)) + " " + type + ": ";
-        if (bad.empty()) {
-          line += "ok";
-        } else {
-          all_ok = false;
-          line += "MISMATCH";
-          for (const auto& b : bad) line += "; " + b;
-        }
-        std::cout << line << std::endl;
-      };
       if (pool.rank() == stalling_process && round == 2) {
         std::cout << "STALLING" << std::endl;
         for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
       }
-      const std::string prefix = "attention/" + std::to_string(round++);
-      report("fp32", mismatches<float>(named.c, whole_run<float>(named.c),
-                                       run_exchange<float>(named.c, n, exchange, named.layout, store, mine, prefix + "/f"),
-                                       1e-5, mine));
-      report("fp64", mismatches<double>(named.c, whole_run<double>(named.c),
-                                        run_exchange<double>(named.c, n, exchange, named.layout, store, mine, prefix + "/d"),
-                                        1e-12, mine));
+      ++round;
+      const std::string what = named.name + " " + std::string(exchange_name(exchange));
+      report(what + " fp32",
+             run_group<float>(pool, sequence_mesh, named.c, exchange, named.layout, group, mine, 1e-5));
+      report(what + " fp64",
+             run_group<double>(pool, sequence_mesh, named.c, exchange, named.layout, group, mine, 1e-12));
     }
   }
+
+  // Heads split over tensor 2 x sequence n/2: tensor shard t (a device's
+  // rank in its tensor group) runs its heads in sequence group t.
+  if (n % 4 == 0) {
+    const auto mesh = mesh_for("tensor=2,sequence=" + std::to_string(n / 2), pool.size(), per_process);
+    Case whole = make(2, 8, 4, 2 * n, 2 * n, 8, 14, true);
+    whole.causal = true;
+    std::vector<int> shards;  // the tensor shards this process's devices hold
+    for (const int device : mine) {
+      const int t = axis_member(mesh, dew::mesh::Axis::kTensor, device).value().rank;
+      if (std::count(shards.begin(), shards.end(), t) == 0) shards.push_back(t);
+    }
+    for (const Exchange exchange : {Exchange::kAllToAll, Exchange::kGather}) {
+      std::vector<std::vector<std::string>> bad(shards.size());
+      std::vector<std::thread> threads;
+      for (std::size_t i = 0; i < shards.size(); ++i) {
+        threads.emplace_back([&, i] {
+          const int t = shards[i];
+          int first = -1;  // a local device of shard t
+          for (const int device : mine)
+            if (first < 0 && axis_member(mesh, dew::mesh::Axis::kTensor, device).value().rank == t) first = device;
+          const AxisMember member = axis_member(mesh, dew::mesh::Axis::kSequence, first).value();
+          bad[i] = run_group<double>(pool, mesh, head_shard(whole, t, 2), exchange, Layout::kChunkPairs, member, mine,
+                                     1e-12);
+        });
+      }
+      for (auto& thread : threads) thread.join();
+      for (std::size_t i = 0; i < shards.size(); ++i)
+        report("tensor-2-x-sequence-" + std::to_string(n / 2) + " shard " + std::to_string(shards[i]) + " " +
+                   std::string(exchange_name(exchange)) + " fp64",
+               bad[i]);
+    }
+  }
+
   pool.agree("attention-done");
   if (all_ok) std::cout << "ALL OK: " << n << " devices (" << pool.size() << " processes x " << per_process << ")" << std::endl;
   return all_ok ? 0 : 1;

@@ -4,6 +4,8 @@
 // (tests/pool/attention_pool_worker.cpp).
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -96,14 +98,55 @@ Whole<T> whole_run(const Case& c) {
   return w;
 }
 
+// The case of tensor shard t of `shards`: its own H / shards query heads
+// and K / shards key/value heads (and their sinks), the sequences whole.
+inline Case head_shard(const Case& whole, int t, int shards) {
+  const Dims& d = whole.dims;
+  const int heads = d.heads / shards, kv_heads = d.kv_heads / shards;
+  // Heads [t * count, (t + 1) * count) of a [batch][all][per] tensor.
+  auto slice = [&](const std::vector<double>& x, int all, int count, std::int64_t per_head) {
+    std::vector<double> out;
+    const auto per = static_cast<std::ptrdiff_t>(per_head);
+    for (int b = 0; b < d.batch; ++b) {
+      const auto first = x.begin() + (b * all + t * count) * per;
+      out.insert(out.end(), first, first + count * per);
+    }
+    return out;
+  };
+  Case c = whole;
+  c.dims.heads = heads;
+  c.dims.kv_heads = kv_heads;
+  c.q = slice(whole.q, d.heads, heads, d.query_length * d.head_dim);
+  c.d_out = slice(whole.d_out, d.heads, heads, d.query_length * d.head_dim);
+  c.k = slice(whole.k, d.kv_heads, kv_heads, d.key_length * d.head_dim);
+  c.v = slice(whole.v, d.kv_heads, kv_heads, d.key_length * d.head_dim);
+  if (!whole.s.empty()) c.s.assign(whole.s.begin() + t * heads, whole.s.begin() + (t + 1) * heads);
+  if (whole.bias) c.b = slice(whole.b, d.heads, heads, d.query_length * d.key_length);
+  return c;
+}
+
+// Makes rank r's communicator of the group; called on rank r's thread.
+using Connect = std::function<Result<std::unique_ptr<Communicator>>(int rank)>;
+
+// Gloo ranks rendezvousing through `store` under `prefix`.
+inline Connect gloo_connect(int n, KeyValue store, const std::string& prefix) {
+  return [n, store, prefix](int rank) {
+    GlooOptions options;
+    options.rank = rank;
+    options.size = n;
+    options.store = store;
+    options.prefix = prefix;
+    return make_gloo_communicator(options);
+  };
+}
+
 // Runs the exchange on the thread-ranks `ranks` of a group of n (all n
-// when empty), rendezvousing through `store` under `prefix`; returns each
-// device's results (entries of ranks run elsewhere stay empty). A pool of
-// processes passes its own ranks and the pool's key-value exchange.
+// when empty), each connecting with `connect`; returns each device's results
+// (entries of ranks run elsewhere stay empty). A pool of processes passes
+// its own ranks and communicators made through the pool.
 template <typename T>
-std::vector<Device<T>> run_exchange(const Case& c, int n, Exchange exchange, Layout layout,
-                                    KeyValue store = local_key_value(), std::vector<int> ranks = {},
-                                    const std::string& prefix = "dew/attention") {
+std::vector<Device<T>> run_exchange(const Case& c, int n, Exchange exchange, Layout layout, std::vector<int> ranks,
+                                    const Connect& connect) {
   if (ranks.empty())
     for (int r = 0; r < n; ++r) ranks.push_back(r);
   const Dims& d = c.dims;
@@ -122,12 +165,7 @@ std::vector<Device<T>> run_exchange(const Case& c, int n, Exchange exchange, Lay
       dev.d_out = rows(d_out, d.batch, d.heads, d.query_length, d.head_dim, dev.q_pos);
       dev.k = rows(k, d.batch, d.kv_heads, d.key_length, d.head_dim, dev.k_pos);
       dev.v = rows(v, d.batch, d.kv_heads, d.key_length, d.head_dim, dev.k_pos);
-      GlooOptions options;
-      options.rank = rank;
-      options.size = n;
-      options.store = store;
-      options.prefix = prefix;
-      auto comm = make_gloo_communicator(options);
+      auto comm = connect(rank);
       if (!comm.ok() || !comm.value()->barrier().ok()) {  // every rank connected before any may leave
         dev.error = comm.ok() ? "barrier failed" : comm.error().message;
         return;
@@ -168,6 +206,12 @@ std::vector<Device<T>> run_exchange(const Case& c, int n, Exchange exchange, Lay
   }
   for (auto& t : threads) t.join();
   return devices;
+}
+
+// Every rank a thread here, over Gloo through an in-process store.
+template <typename T>
+std::vector<Device<T>> run_exchange(const Case& c, int n, Exchange exchange, Layout layout) {
+  return run_exchange<T>(c, n, exchange, layout, {}, gloo_connect(n, local_key_value(), "dew/attention"));
 }
 
 template <typename T>

@@ -119,26 +119,7 @@ TEST(ExchangeTest, TensorTimesSequence) {
   whole.causal = true;
   const Whole<double> expected = whole_run<double>(whole);
   const Dims& d = whole.dims;
-  std::vector<Case> shards(2);
-  for (int t = 0; t < 2; ++t) {
-    Case& c = shards[std::size_t(t)];
-    c = whole;
-    c.dims.heads = 4;
-    c.dims.kv_heads = 2;
-    auto heads = [&](const std::vector<double>& x, int all, int first, int count, std::int64_t len) {
-      std::vector<double> out;
-      const std::size_t per = std::size_t(len * d.head_dim);
-      for (int b = 0; b < d.batch; ++b)
-        out.insert(out.end(), x.begin() + std::ptrdiff_t((b * all + first) * per),
-                   x.begin() + std::ptrdiff_t((b * all + first + count) * per));
-      return out;
-    };
-    c.q = heads(whole.q, 8, 4 * t, 4, 16);
-    c.d_out = heads(whole.d_out, 8, 4 * t, 4, 16);
-    c.k = heads(whole.k, 4, 2 * t, 2, 16);
-    c.v = heads(whole.v, 4, 2 * t, 2, 16);
-    c.s = {whole.s.begin() + 4 * t, whole.s.begin() + 4 * t + 4};
-  }
+  const std::vector<Case> shards = {head_shard(whole, 0, 2), head_shard(whole, 1, 2)};
   for (const Exchange e : {Exchange::kAllToAll, Exchange::kGather}) {
     std::vector<std::vector<Device<double>>> results(2);
     std::thread t0([&] { results[0] = run_exchange<double>(shards[0], 2, e, Layout::kChunkPairs); });

@@ -1,0 +1,72 @@
+// Communicators for the groups of a mesh axis, built from the runtime pool
+// and a mesh (namespace dew::attention): what a training process calls to
+// get the sequence group a device exchanges over.
+//
+//   auto pool = dew::runtime::join();
+//   auto mesh = dew::mesh::build_mesh(spec, dew::mesh::cpu_pool(pool.size(), 2));
+//   // one thread per local device d:
+//   auto comm = make_axis_communicator(pool, mesh.value(), dew::mesh::Axis::kSequence, d);
+//
+//   axis_member            pure: a device's group on an axis, its rank there,
+//                          and the key prefix its group's rendezvous uses
+//   pool_key_value         the pool's key-value exchange as a KeyValue, for
+//                          make_gloo_communicator and make_nccl_communicator
+//   reachable_address      the address peers reach this process at: the one
+//                          this host routes to the pool's coordinator from
+//   make_axis_communicator a Gloo communicator for the device's group
+//
+// Every process makes the communicators of its own devices, each device's
+// call on its own thread, at the same point of the program. Making one again
+// later for the same device and group is allowed: every call is numbered per
+// device and group, so a later communicator never reads an earlier one's keys.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "communicator.h"
+#include "dew/result.h"
+#include "mesh.h"
+#include "pool.h"
+
+namespace dew::attention {
+
+struct AxisMember {
+  int group = 0;             // the group's index among the axis's groups
+  int rank = 0;              // the device's position in its group
+  int size = 1;              // devices in the group
+  std::vector<int> devices;  // the group's device ids, in rank order
+  // "dew/attention/<axis>/<group>-<digest of the group's ids>": groups with
+  // other devices (of another mesh) never share keys.
+  std::string prefix;
+};
+
+// Errors name the device and the mesh's ids when the device is not in it.
+Result<AxisMember> axis_member(const mesh::Mesh& mesh, mesh::Axis axis, int device_id);
+
+// put publishes under `key`; get waits up to `timeout` and throws
+// std::runtime_error naming the key when it does not come.
+KeyValue pool_key_value(runtime::Pool& pool, std::chrono::milliseconds timeout);
+
+// The local address of a route to the pool's coordinator (no packet is
+// sent): every peer reached the coordinator, so this host is reachable at
+// it. 127.0.0.1 for a pool without a coordinator (one process).
+Result<std::string> reachable_address(const runtime::Identity& identity);
+
+struct AxisOptions {
+  // Where this device's Gloo rank listens; default reachable_address().
+  std::optional<std::string> hostname;
+  // Bounds the rendezvous and every collective.
+  std::chrono::milliseconds timeout = std::chrono::seconds(30);
+};
+
+// The Gloo communicator of device `device_id`'s group on `axis`. The device
+// must sit on this process (mesh.processes); errors are one line.
+Result<std::unique_ptr<Communicator>> make_axis_communicator(runtime::Pool& pool, const mesh::Mesh& mesh,
+                                                             mesh::Axis axis, int device_id,
+                                                             const AxisOptions& options = {});
+
+}  // namespace dew::attention
