@@ -104,9 +104,8 @@ Result<std::string> reachable_address(const runtime::Identity& identity) {
   return local.address().to_string();
 }
 
-Result<std::unique_ptr<Communicator>> make_axis_communicator(runtime::Pool& pool, const mesh::Mesh& mesh,
-                                                             mesh::Axis axis, int device_id,
-                                                             const AxisOptions& options) {
+Result<AxisRendezvous> axis_rendezvous(runtime::Pool& pool, const mesh::Mesh& mesh, mesh::Axis axis, int device_id,
+                                       std::chrono::milliseconds timeout) {
   auto member = axis_member(mesh, axis, device_id);
   if (!member.ok()) return member.error();
   const auto at = std::find(mesh.devices.begin(), mesh.devices.end(), device_id);
@@ -116,20 +115,34 @@ Result<std::unique_ptr<Communicator>> make_axis_communicator(runtime::Pool& pool
                  " in this mesh, not on this process " + std::to_string(pool.rank()) +
                  "; allowed: the devices of this process"};
   }
+  AxisRendezvous rendezvous;
+  rendezvous.prefix = member.value().prefix + "/" + std::to_string(next_round(member.value().prefix, device_id));
+  rendezvous.member = std::move(member.value());
+  rendezvous.store = pool_key_value(pool, timeout);
+  return rendezvous;
+}
+
+Result<std::unique_ptr<Communicator>> make_axis_communicator(runtime::Pool& pool, const mesh::Mesh& mesh,
+                                                             mesh::Axis axis, int device_id,
+                                                             const AxisOptions& options) {
   GlooOptions gloo;
-  gloo.rank = member.value().rank;
-  gloo.size = member.value().size;
-  gloo.timeout = options.timeout;
-  gloo.store = pool_key_value(pool, options.timeout);
-  gloo.prefix = member.value().prefix + "/" + std::to_string(next_round(member.value().prefix, device_id));
   if (options.hostname) {
     gloo.hostname = *options.hostname;
   } else {
     auto address = reachable_address(pool.identity());
-    if (!address.ok()) return Error{axis_text(axis) + " group of device " + std::to_string(device_id) + ": " +
-                                    address.error().message};
+    if (!address.ok()) {
+      return Error{axis_text(axis) + " group of device " + std::to_string(device_id) + ": " +
+                   address.error().message};
+    }
     gloo.hostname = address.value();
   }
+  auto rendezvous = axis_rendezvous(pool, mesh, axis, device_id, options.timeout);
+  if (!rendezvous.ok()) return rendezvous.error();
+  gloo.rank = rendezvous.value().member.rank;
+  gloo.size = rendezvous.value().member.size;
+  gloo.store = rendezvous.value().store;
+  gloo.prefix = rendezvous.value().prefix;
+  gloo.timeout = options.timeout;
   return make_gloo_communicator(gloo);
 }
 

@@ -13,6 +13,8 @@
 //                          make_gloo_communicator and make_nccl_communicator
 //   reachable_address      the address peers reach this process at: the one
 //                          this host routes to the pool's coordinator from
+//   axis_rendezvous        the rank, size, store and key prefix of one round
+//                          of a group, for any backend (Gloo, NCCL)
 //   make_axis_communicator a Gloo communicator for the device's group
 //
 // Every process makes the communicators of its own devices, each device's
@@ -55,6 +57,21 @@ KeyValue pool_key_value(runtime::Pool& pool, std::chrono::milliseconds timeout);
 // sent): every peer reached the coordinator, so this host is reachable at
 // it. 127.0.0.1 for a pool without a coordinator (one process).
 Result<std::string> reachable_address(const runtime::Identity& identity);
+
+// What any backend's rendezvous needs for device `device_id`'s group on
+// `axis`: its rank and size, the pool's store, and this round's key prefix
+// (each call is a new round for this device and group). For NCCL:
+//   auto r = axis_rendezvous(pool, mesh, Axis::kSequence, device, 30s);
+//   make_nccl_communicator({.rank = r.value().member.rank, .size = r.value().member.size,
+//                           .device = local_gpu, .store = r.value().store, .prefix = r.value().prefix});
+// The device must sit on this process (mesh.processes).
+struct AxisRendezvous {
+  AxisMember member;
+  KeyValue store;
+  std::string prefix;
+};
+Result<AxisRendezvous> axis_rendezvous(runtime::Pool& pool, const mesh::Mesh& mesh, mesh::Axis axis, int device_id,
+                                       std::chrono::milliseconds timeout);
 
 struct AxisOptions {
   // Where this device's Gloo rank listens; default reachable_address().

@@ -110,6 +110,25 @@ TEST(MakeAxisCommunicator, ADeviceOfAnotherProcessIsRefused) {
             "device 1 sits on process 1 in this mesh, not on this process 0; allowed: the devices of this process");
 }
 
+TEST(AxisRendezvous, EachCallIsTheDevicesNextRoundOfItsGroup) {
+  auto& pool = alone_pool();
+  const auto mesh = mesh_of(1, 3, "sequence=3");  // a group no other test forms
+  const auto first = dew::attention::axis_rendezvous(pool, mesh, Axis::kSequence, 0, std::chrono::seconds(1));
+  ASSERT_TRUE(first.ok()) << first.error().message;
+  EXPECT_EQ(first.value().member.size, 3);
+  EXPECT_EQ(first.value().prefix, first.value().member.prefix + "/0");
+  const auto again = dew::attention::axis_rendezvous(pool, mesh, Axis::kSequence, 0, std::chrono::seconds(1));
+  EXPECT_EQ(again.value().prefix, first.value().member.prefix + "/1");
+  // Device 2's first round is round 0, whatever device 0 did.
+  const auto other = dew::attention::axis_rendezvous(pool, mesh, Axis::kSequence, 2, std::chrono::seconds(1));
+  EXPECT_EQ(other.value().member.rank, 2);
+  EXPECT_EQ(other.value().prefix, first.value().member.prefix + "/0");
+  // The store is the pool's.
+  first.value().store.put("rendezvous-test", {'o', 'k'});
+  EXPECT_EQ(pool.get("rendezvous-test", std::chrono::seconds(1)), "ok");
+  EXPECT_THAT(other.value().store.get("rendezvous-test"), ElementsAre('o', 'k'));
+}
+
 // Two devices of this process, one thread each, form their sequence group
 // over Gloo (the rendezvous through the pool's store), exchange, and do it
 // again: the second group must not meet the first one's keys.
