@@ -5,7 +5,13 @@
 // missed. Both exchanges of a shape run interleaved (A B, B A, ...).
 //
 //   attention_exchange [--devices N1,N2] [--head-dims D1,D2] [--heads H/K,...] [--lengths L1,L2,...] [--runs R]
-//                      [--min-ms M]
+//                      [--min-ms M] [--backend gloo|nccl]
+//
+// --backend nccl (built where /usr/local/cuda has NCCL) makes every rank an
+// NCCL rank on its own GPU (rank r on GPU r: N GPUs for N devices) instead of
+// a Gloo rank; the attention kernel still runs on the CPU, so the collectives
+// copy host <-> GPU around NCCL (nccl_communicator.h). This is the issue's
+// grid over NCCL (benchmark c).
 //
 // A run of an exchange is as many back-to-back calls as fill M milliseconds
 // (250 by default), timed together and divided: a 25 ms call timed once is
@@ -23,6 +29,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -31,6 +38,11 @@
 #include "attention.h"
 #include "communicator.h"
 #include "exchange.h"
+#ifdef DEW_HAVE_NCCL
+#include <cuda_runtime_api.h>
+
+#include "nccl_communicator.h"
+#endif
 
 namespace {
 
@@ -42,6 +54,29 @@ struct Shape {
   std::int64_t length;
   bool causal;
 };
+
+enum class Backend { kGloo, kNccl };
+
+// This rank's communicator of the group of n, rendezvousing through `store`.
+dew::Result<std::unique_ptr<Communicator>> connect(Backend backend, int rank, int n, const KeyValue& store) {
+#ifdef DEW_HAVE_NCCL
+  if (backend == Backend::kNccl) {
+    NcclOptions options;
+    options.rank = rank;
+    options.size = n;
+    options.device = rank;
+    options.store = store;
+    return make_nccl_communicator(options);
+  }
+#else
+  (void)backend;
+#endif
+  GlooOptions options;
+  options.rank = rank;
+  options.size = n;
+  options.store = store;
+  return make_gloo_communicator(options);
+}
 
 struct Times {
   std::vector<double> all_to_all, gather;  // per counted run, the slowest rank's
@@ -58,7 +93,7 @@ int calls_per_run(double warm_up_seconds, double min_seconds) {
 // rank's per run. One Gloo group for the shape: a warm-up call of each
 // exchange (maps the buffers and sets the calls per run), then `runs`
 // counted runs of each, interleaved A B, B A, ...
-Times time_shape(const Shape& s, int n, int head_dim, int runs, double min_seconds) {
+Times time_shape(const Shape& s, int n, int head_dim, int runs, double min_seconds, Backend backend) {
   const Layout layout = s.causal ? Layout::kChunkPairs : Layout::kContiguous;
   const std::int64_t ls = s.length / n;
   // Per exchange, indexed by slot(): the warm-up's seconds and each counted run's.
@@ -84,11 +119,7 @@ Times time_shape(const Shape& s, int n, int head_dim, int runs, double min_secon
       const std::size_t nk = std::size_t(s.kv_heads) * std::size_t(ls) * std::size_t(head_dim);
       auto q = fill(nq), k = fill(nk), v = fill(nk), d_out = fill(nq);
       std::vector<float> out(nq), lse(std::size_t(s.heads) * std::size_t(ls)), dq(nq), dk(nk), dv(nk);
-      GlooOptions options;
-      options.rank = rank;
-      options.size = n;
-      options.store = store;
-      auto comm = make_gloo_communicator(options);
+      auto comm = connect(backend, rank, n, store);
       if (!comm.ok()) {
         std::fprintf(stderr, "attention_exchange: %s\n", comm.error().message.c_str());
         std::exit(1);
@@ -215,7 +246,7 @@ struct Score {
 int main(int argc, char** argv) {
   const char* usage =
       "usage: attention_exchange [--devices N1,N2] [--head-dims D1,D2] [--heads H/K,...] [--lengths L1,L2,...] "
-      "[--runs R] [--min-ms M]\n";
+      "[--runs R] [--min-ms M] [--backend gloo|nccl]\n";
   std::vector<std::int64_t> devices = {2}, head_dims = {64}, lengths = {1024, 2048}, runs_list = {3},
                             min_ms_list = {250};
   if (argc % 2 == 0) {
@@ -223,8 +254,25 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::vector<std::pair<int, int>> heads = {{16, 8}, {32, 8}, {16, 16}, {4, 4}};
+  Backend backend = Backend::kGloo;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string arg = argv[i], value = argv[i + 1];
+    if (arg == "--backend") {
+#ifdef DEW_HAVE_NCCL
+      const char* allowed = "gloo, nccl";
+      const bool known = value == "gloo" || value == "nccl";
+#else
+      const char* allowed = "gloo (this build has no NCCL: /usr/local/cuda lacked the CUDA runtime or NCCL)";
+      const bool known = value == "gloo";
+#endif
+      if (!known) {
+        std::fprintf(stderr, "attention_exchange: --backend %s is not allowed; allowed: %s\n%s", value.c_str(), allowed,
+                     usage);
+        return 2;
+      }
+      backend = value == "nccl" ? Backend::kNccl : Backend::kGloo;
+      continue;
+    }
     if (arg == "--heads") {
       if (!parse_heads(value, heads)) {
         std::fprintf(stderr, "attention_exchange: --heads %s is not allowed; allowed: H/K pairs, comma separated, K "
@@ -246,10 +294,28 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+#ifdef DEW_HAVE_NCCL
+  if (backend == Backend::kNccl) {
+    // One NCCL rank per GPU: say so before the grid, not from inside it.
+    int gpus = 0;
+    const cudaError_t status = cudaGetDeviceCount(&gpus);
+    const std::int64_t most = *std::max_element(devices.begin(), devices.end());
+    if (status != cudaSuccess || gpus < most) {
+      std::fprintf(stderr, "attention_exchange: --backend nccl with --devices %lld needs %lld GPUs (one NCCL rank per "
+                           "GPU); this machine has %s\n",
+                   static_cast<long long>(most), static_cast<long long>(most),
+                   status != cudaSuccess ? (std::string("none: ") + cudaGetErrorString(status)).c_str()
+                                         : std::to_string(gpus).c_str());
+      return 2;
+    }
+  }
+#endif
   const int runs = int(runs_list[0]);
   const double min_seconds = double(min_ms_list[0]) / 1000.0;
   openblas_set_num_threads(1);
-  std::printf("sequence-parallel exchanges over a CPU pool: N thread-ranks, Gloo over loopback TCP, fp32, batch 1\n");
+  std::printf("sequence-parallel exchanges over a CPU pool: N thread-ranks, %s, fp32, batch 1\n",
+              backend == Backend::kNccl ? "NCCL ranks (rank r on GPU r; the kernel on the CPU, host <-> GPU copies)"
+                                        : "Gloo over loopback TCP");
   std::printf("time: forward + backward of one call, slowest rank, median of %d runs after 1 warm-up, a run being as "
               "many back-to-back calls as fill %.0f ms; exchanges interleaved per run\n",
               runs, 1000.0 * min_seconds);
@@ -287,7 +353,7 @@ int main(int argc, char** argv) {
                           (!seed_plan.ok() ? seed_plan : cpu_plan).error().message.c_str());
               continue;
             }
-            const Times times = time_shape(Shape{h, k, length, causal}, int(n), int(head_dim), runs, min_seconds);
+            const Times times = time_shape(Shape{h, k, length, causal}, int(n), int(head_dim), runs, min_seconds, backend);
             const double ta = median(times.all_to_all), tg = median(times.gather);
             const Exchange faster = ta <= tg ? Exchange::kAllToAll : Exchange::kGather;
             int a2a_wins = 0;
