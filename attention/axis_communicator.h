@@ -50,7 +50,8 @@ struct AxisMember {
 Result<AxisMember> axis_member(const mesh::Mesh& mesh, mesh::Axis axis, int device_id);
 
 // put publishes under `key`; get waits up to `timeout` and throws
-// std::runtime_error naming the key when it does not come.
+// std::runtime_error naming the key when it does not come. It refers to
+// `pool`, which must outlive it (and the communicators made with it).
 KeyValue pool_key_value(runtime::Pool& pool, std::chrono::milliseconds timeout);
 
 // The local address of a route to the pool's coordinator (no packet is
