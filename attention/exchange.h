@@ -39,6 +39,37 @@ enum class Layout { kContiguous, kChunkPairs };
 // it to divide by 2N; otherwise an error.
 Result<std::vector<std::int64_t>> shard_positions(Layout layout, std::int64_t length, int devices, int rank);
 
+// Rows `positions` (in that order) of a batch x heads x length x width
+// tensor: a device's shard of a whole input, or its part of a whole result.
+template <typename T>
+std::vector<T> take_rows(std::span<const T> whole, int batch, int heads, std::int64_t length, std::int64_t width,
+                         std::span<const std::int64_t> positions) {
+  std::vector<T> out;
+  out.reserve(static_cast<std::size_t>(batch) * static_cast<std::size_t>(heads) * positions.size() *
+              static_cast<std::size_t>(width));
+  for (std::int64_t bh = 0; bh < std::int64_t(batch) * heads; ++bh)
+    for (const std::int64_t p : positions) {
+      const auto first = whole.begin() + (bh * length + p) * width;
+      out.insert(out.end(), first, first + width);
+    }
+  return out;
+}
+
+// Heads [first, first + count) of a batch x heads x per_head tensor: a
+// tensor shard's heads (per_head = length x width, or length x length for a
+// dense bias).
+template <typename T>
+std::vector<T> take_heads(std::span<const T> whole, int batch, int heads, int first, int count,
+                          std::int64_t per_head) {
+  std::vector<T> out;
+  out.reserve(static_cast<std::size_t>(batch) * static_cast<std::size_t>(count) * static_cast<std::size_t>(per_head));
+  for (int b = 0; b < batch; ++b) {
+    const auto from = whole.begin() + (std::int64_t(b) * heads + first) * per_head;
+    out.insert(out.end(), from, from + std::int64_t(count) * per_head);
+  }
+  return out;
+}
+
 template <typename T>
 struct ShardCall {
   // batch; heads and kv_heads of this tensor shard (H, K); the WHOLE query

@@ -13,6 +13,9 @@ void add_mesh_command(CLI::App& app);
 void add_env_command(CLI::App& app);
 // `dew attention-plan`: the sequence-parallel exchange for an attention call (runtime/dew/attention_plan_command.cpp).
 void add_attention_plan_command(CLI::App& app);
+// `dew attention-check`: sequence-parallel attention across this pool, checked and timed
+// (runtime/dew/attention_check_command.cpp).
+void add_attention_check_command(CLI::App& app);
 // `dew launch`: start a pool on hosts over ssh, locally or under srun (runtime/dew/launch_command.cpp).
 void add_launch_command(CLI::App& app);
 

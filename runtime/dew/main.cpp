@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   dew::cli::add_mesh_command(app);
   dew::cli::add_env_command(app);
   dew::cli::add_attention_plan_command(app);
+  dew::cli::add_attention_check_command(app);
   dew::cli::add_launch_command(app);
   try {
     app.parse(argc, argv);

@@ -95,6 +95,34 @@ TEST(SlurmPool, SequenceParallelAttentionUnderSrunMpiPmix) {
                    4, 1);
 }
 
+TEST(SlurmPool, DewAttentionCheckUnderSrunDewPool) {
+  // What a user runs to see sequence-parallel attention work on their
+  // allocation: 2 nodes x 1 task x 2 devices, heads over tensor 2 x sequence 2
+  // (each node's two devices a sequence group, one tensor shard per node).
+  const auto run = cluster().srun({"--dew-pool", "--dew-coordinator=127.0.0.1", "-N2", "--ntasks-per-node=1", dew_exe(),
+                                   "attention-check", "--devices-per-process", "2", "--mesh", "tensor=2,sequence=2",
+                                   "--heads", "8", "--kv-heads", "4", "--length", "256", "--head-dim", "32", "--runs",
+                                   "1"},
+                                  {{"OPENBLAS_NUM_THREADS", "1"}}, 120s);
+  ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
+  // Process 0 alone prints the table, for every device of the pool.
+  EXPECT_EQ(occurrences(run.out, "attention check: 4 devices (2 processes x 2), mesh tensor=2,sequence=2"), 1)
+      << run.out;
+  EXPECT_EQ(occurrences(run.out, "  ok\n"), 2) << run.out;
+  EXPECT_THAT(run.out, HasSubstr("result: every exchange matches whole-sequence attention")) << run.out;
+  EXPECT_THAT(run.err, HasSubstr("[1] Joined the pool: process 1 of 2 (slurm, tcp)")) << run.err;
+
+  // Every device on the sequence axis: the groups span the two nodes.
+  const auto across = cluster().srun({"--dew-pool", "--dew-coordinator=127.0.0.1", "-N2", "--ntasks-per-node=1",
+                                      dew_exe(), "attention-check", "--devices-per-process", "2", "--heads", "8",
+                                      "--kv-heads", "4", "--length", "256", "--head-dim", "32", "--mask", "window=40",
+                                      "--runs", "1"},
+                                     {{"OPENBLAS_NUM_THREADS", "1"}}, 120s);
+  ASSERT_EQ(across.exit_code, 0) << across.out << across.err;
+  EXPECT_THAT(across.out, HasSubstr("4 devices (2 processes x 2), mesh sequence=4;")) << across.out;
+  EXPECT_EQ(occurrences(across.out, "  ok\n"), 2) << across.out;
+}
+
 TEST(SlurmPool, DewEnvShowsTheResolvedIdentity) {
   const auto pooled = cluster().srun({"--dew-pool", "--dew-coordinator=127.0.0.1", "-N2", "-n2", "-l", dew_exe(), "env"}, {}, 30s);
   ASSERT_EQ(pooled.exit_code, 0) << pooled.err;

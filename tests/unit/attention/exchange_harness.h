@@ -65,11 +65,7 @@ class CountingCommunicator final : public Communicator {
 template <typename T>
 std::vector<T> rows(const std::vector<T>& whole, int batch, int heads, std::int64_t length, std::int64_t w,
                     const std::vector<std::int64_t>& positions) {
-  std::vector<T> out;
-  for (int bh = 0; bh < batch * heads; ++bh)
-    for (const std::int64_t p : positions)
-      for (std::int64_t e = 0; e < w; ++e) out.push_back(whole[std::size_t((bh * length + p) * w + e)]);
-  return out;
+  return take_rows<T>(whole, batch, heads, length, w, positions);
 }
 
 // The whole-sequence kernel in T.
@@ -103,15 +99,8 @@ Whole<T> whole_run(const Case& c) {
 inline Case head_shard(const Case& whole, int t, int shards) {
   const Dims& d = whole.dims;
   const int heads = d.heads / shards, kv_heads = d.kv_heads / shards;
-  // Heads [t * count, (t + 1) * count) of a [batch][all][per] tensor.
   auto slice = [&](const std::vector<double>& x, int all, int count, std::int64_t per_head) {
-    std::vector<double> out;
-    const auto per = static_cast<std::ptrdiff_t>(per_head);
-    for (int b = 0; b < d.batch; ++b) {
-      const auto first = x.begin() + (b * all + t * count) * per;
-      out.insert(out.end(), first, first + count * per);
-    }
-    return out;
+    return take_heads<double>(x, d.batch, all, t * count, count, per_head);
   };
   Case c = whole;
   c.dims.heads = heads;
