@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -344,8 +345,8 @@ int run(const CheckOptions& o) {
     std::vector<std::string> failures;
   };
   std::map<std::string, Summary> summary;
-  for (const std::string& text : all) {
-    std::istringstream lines(text);
+  for (std::size_t process = 0; process < all.size(); ++process) {
+    std::istringstream lines(all[process]);
     std::string line;
     while (std::getline(lines, line)) {
       std::istringstream fields(line);
@@ -358,7 +359,13 @@ int run(const CheckOptions& o) {
         s.failures.push_back(rest.empty() ? rest : rest.substr(1));
         continue;
       }
-      s.error = std::max(s.error, std::stod(first));
+      char* end = nullptr;
+      const double error = std::strtod(first.c_str(), &end);
+      if (first.empty() || *end != '\0') {
+        s.failures.push_back("process " + std::to_string(process) + " sent an unreadable report: '" + line + "'");
+        continue;
+      }
+      s.error = std::max(s.error, std::isnan(error) ? INFINITY : error);
       double seconds = 0;
       for (std::size_t r = 0; fields >> seconds; ++r) {
         if (s.slowest.size() <= r) s.slowest.push_back(0);
