@@ -489,6 +489,20 @@ TEST(LaunchPool, FourLocalProcessesJoinTheRuntimePool) {
   }
 }
 
+TEST(LaunchPool, AttentionCheckAcrossFourLocalProcesses) {
+  // dew attention-check in a pool dew launch starts: 4 processes x 2 devices,
+  // every sequence group spanning processes; process 0 prints the table.
+  auto r = dew_launch({"--processes-per-host", "4", "--", dew_exe(), "attention-check", "--devices-per-process", "2",
+                       "--heads", "8", "--kv-heads", "8", "--length", "256", "--head-dim", "16", "--mesh",
+                       "sequence=4,fsdp=2", "--runs", "1"},
+                      {{"OPENBLAS_NUM_THREADS", "1"}}, 120s);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_THAT(r.out, HasSubstr("[0] attention check: 8 devices (4 processes x 2), mesh fsdp=2,sequence=4;"));
+  EXPECT_EQ(dew::testing::occurrences(r.out, "  ok\n"), 2) << describe(r);
+  EXPECT_THAT(r.out, HasSubstr("[0] result: every exchange matches whole-sequence attention")) << describe(r);
+  EXPECT_THAT(r.out, Not(HasSubstr("[1] attention check"))) << describe(r);
+}
+
 TEST(LaunchPool, TheRankThatFailsIsNamedNotItsPeers) {
   if (pool_worker().empty()) GTEST_SKIP() << "no DEW_POOL_WORKER in this build";
   auto r = dew_launch({"--processes-per-host", "4", "--", pool_worker(), "throw", "2"}, {}, 60s);

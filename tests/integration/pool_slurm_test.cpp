@@ -95,7 +95,7 @@ TEST(SlurmPool, SequenceParallelAttentionUnderSrunMpiPmix) {
                    4, 1);
 }
 
-TEST(SlurmPool, DewAttentionCheckUnderSrunDewPool) {
+TEST(SlurmPool, DewAttentionCheckUnderSrun) {
   // What a user runs to see sequence-parallel attention work on their
   // allocation: 2 nodes x 1 task x 2 devices, heads over tensor 2 x sequence 2
   // (each node's two devices a sequence group, one tensor shard per node).
@@ -121,6 +121,16 @@ TEST(SlurmPool, DewAttentionCheckUnderSrunDewPool) {
   ASSERT_EQ(across.exit_code, 0) << across.out << across.err;
   EXPECT_THAT(across.out, HasSubstr("4 devices (2 processes x 2), mesh sequence=4;")) << across.out;
   EXPECT_EQ(occurrences(across.out, "  ok\n"), 2) << across.out;
+
+  // The same over a PMIx pool: 2 nodes x 2 tasks, one device each.
+  const auto pmix = cluster().srun({"--mpi=pmix", "-N2", "--ntasks-per-node=2", dew_exe(), "attention-check",
+                                    "--heads", "8", "--kv-heads", "4", "--length", "256", "--head-dim", "32", "--runs",
+                                    "1"},
+                                   {{"OPENBLAS_NUM_THREADS", "1"}}, 120s);
+  ASSERT_EQ(pmix.exit_code, 0) << pmix.out << pmix.err;
+  EXPECT_THAT(pmix.out, HasSubstr("4 devices (4 processes x 1), mesh sequence=4;")) << pmix.out;
+  EXPECT_EQ(occurrences(pmix.out, "  ok\n"), 2) << pmix.out;
+  EXPECT_THAT(pmix.err, HasSubstr("Joined the pool: process 3 of 4 (pmix, pmix+tcp)")) << pmix.err;
 }
 
 TEST(SlurmPool, DewEnvShowsTheResolvedIdentity) {
