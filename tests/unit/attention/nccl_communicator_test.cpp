@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "collective_checks.h"
+#include "axis_communicator.h"
 #include "nccl_communicator.h"
 
 namespace {
@@ -158,6 +159,48 @@ TEST(NcclCommunicatorErrorsTest, NoGpuIsOneLine) {
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(r.error().message, HasSubstr("nccl: rank 0 of 1 (GPU 0): cudaSetDevice failed: "));
   EXPECT_EQ(r.error().message.find('\n'), std::string::npos);
+}
+
+// A device's group from the pool and a mesh (axis_rendezvous) feeding NCCL,
+// as a training process does: here a pool of one, two devices on the sequence
+// axis, each a thread on its own GPU. Without two GPUs, the rendezvous itself
+// still runs and the communicator's failure is one line.
+TEST(NcclFromTheMesh, AxisRendezvousFeedsMakeNcclCommunicator) {
+  dew::runtime::JoinOptions join_options;
+  join_options.failure_handlers = false;  // gtest keeps its own
+  auto pool = dew::runtime::join(join_options);
+  auto built = dew::mesh::build_mesh(dew::mesh::parse_mesh_spec("sequence=2").value(), dew::mesh::cpu_pool(1, 2));
+  ASSERT_TRUE(built.ok()) << built.error().message;
+  std::string why;
+  const int have = gpus(&why);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int device = 0; device < 2; ++device) {
+    threads.emplace_back([&, device] {
+      auto r = dew::attention::axis_rendezvous(pool, built.value(), dew::mesh::Axis::kSequence, device,
+                                               std::chrono::seconds(10));
+      if (!r.ok()) {
+        errors[std::size_t(device)] = r.error().message;
+        return;
+      }
+      EXPECT_EQ(r.value().member.rank, device);
+      EXPECT_EQ(r.value().member.size, 2);
+      if (have < 2) return;  // nothing to join NCCL on
+      auto comm = dew::attention::make_nccl_communicator({.rank = r.value().member.rank,
+                                                          .size = r.value().member.size,
+                                                          .device = device,
+                                                          .store = r.value().store,
+                                                          .prefix = r.value().prefix});
+      if (!comm.ok()) {
+        errors[std::size_t(device)] = comm.error().message;
+        return;
+      }
+      check_all_gather(*comm.value(), 2);
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(errors, std::vector<std::string>(2)) << "GPUs: " << have << " " << why;
+  if (have < 2) GTEST_SKIP() << "the rendezvous ran; NCCL needs 2 GPUs here (one rank per GPU): " << (have ? "1" : why);
 }
 
 }  // namespace
