@@ -21,7 +21,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "attention.h"
+#include "dew/attention.h"
 #include "mask.h"
 #include "simd.h"
 
@@ -117,11 +117,11 @@ Result<Prepared<T>> prepare(const Inputs<T>& in) {
   if (!plan.ok()) return plan.error();
   const bool no_queries = in.dims.query_length == 0, no_keys = in.dims.key_length == 0;
   if ((in.query == nullptr && !no_queries) || ((in.key == nullptr || in.value == nullptr) && !no_keys)) {
-    return Error{"attention: query, key and value must all be given (a null pointer was passed)"};
+    return invalid_argument("attention: query, key and value must all be given (a null pointer was passed)");
   }
   if (!(in.scale >= 0) || !std::isfinite(in.scale)) {
-    return Error{"attention: scale " + std::to_string(in.scale) +
-                 " is not allowed; allowed: a finite number > 0, or 0 for 1/sqrt(head_dim)"};
+    return invalid_argument("attention: scale " + std::to_string(in.scale) +
+                 " is not allowed; allowed: a finite number > 0, or 0 for 1/sqrt(head_dim)");
   }
   const Dims& dims = in.dims;
   const std::int64_t lq = dims.query_length, lk = dims.key_length;
@@ -130,8 +130,8 @@ Result<Prepared<T>> prepare(const Inputs<T>& in) {
   if (in.bias.data != nullptr) {
     const auto& bias = in.bias;
     if (bias.batch_stride < -1 || bias.head_stride < -1 || bias.row_stride < -1) {
-      return Error{"attention: bias strides " + size_text(bias.batch_stride) + ", " + size_text(bias.head_stride) +
-                   ", " + size_text(bias.row_stride) + " are not allowed; allowed: >= 0, or -1 for the dense layout"};
+      return invalid_argument("attention: bias strides " + size_text(bias.batch_stride) + ", " + size_text(bias.head_stride) +
+                   ", " + size_text(bias.row_stride) + " are not allowed; allowed: >= 0, or -1 for the dense layout");
     }
     call.bias = bias.data;
     call.bias_row = bias.row_stride == -1 ? lk : bias.row_stride;
@@ -148,7 +148,7 @@ Result<Stats> forward(const Inputs<T>& in, T* out, T* lse) {
   auto prepared = prepare(in);
   if (!prepared.ok()) return prepared.error();
   if (out == nullptr && in.dims.query_length > 0) {
-    return Error{"attention: forward needs an output (a null pointer was passed)"};
+    return invalid_argument("attention: forward needs an output (a null pointer was passed)");
   }
   Prepared<T>& call = prepared.value();
   MaskPlan& plan = call.plan;
@@ -233,11 +233,11 @@ Result<Stats> backward(const Inputs<T>& in, const T* out, const T* lse, const T*
   const bool no_queries = in.dims.query_length == 0, no_keys = in.dims.key_length == 0;
   if (((out == nullptr || lse == nullptr || d_out == nullptr || grads.query == nullptr) && !no_queries) ||
       ((grads.key == nullptr || grads.value == nullptr) && !no_keys)) {
-    return Error{"attention: backward needs out, lse, d_out and the query, key and value gradients (a null "
-                 "pointer was passed)"};
+    return invalid_argument("attention: backward needs out, lse, d_out and the query, key and value gradients (a null "
+                 "pointer was passed)");
   }
   if (grads.sinks != nullptr && in.sinks == nullptr) {
-    return Error{"attention: a sinks gradient was asked for a call without sinks; allowed: d_sinks only with sinks"};
+    return invalid_argument("attention: a sinks gradient was asked for a call without sinks; allowed: d_sinks only with sinks");
   }
   Prepared<T>& call = prepared.value();
   MaskPlan& plan = call.plan;

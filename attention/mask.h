@@ -7,7 +7,7 @@
 #include <optional>
 #include <vector>
 
-#include "attention.h"
+#include "dew/attention.h"
 
 namespace dew::attention::detail {
 

@@ -1,10 +1,10 @@
-// The rule that picks a sequence-parallel exchange, as the seed's
-// sequence_parallel_attention holds it, and the `--mask` value parser.
+// The rule that picks a sequence-parallel exchange, as the design page's
+// sequence_parallel_attention holds it, and the mask parser (`dew attention-plan --mask`).
 #include <algorithm>
 #include <cstdio>
 #include <string>
 
-#include "attention.h"
+#include "dew/attention.h"
 
 namespace dew::attention {
 namespace {
@@ -37,7 +37,7 @@ bool parse_extent(std::string_view text, std::int64_t& out) {
 }
 
 Error value_error(const std::string& option, std::int64_t value, const std::string& allowed) {
-  return Error{option + ": " + str(value) + " is not allowed; allowed: " + allowed};
+  return not_allowed(option, str(value), allowed);
 }
 
 // Key heads a contiguous run of query heads [first, first + count) reads.
@@ -47,7 +47,7 @@ int kv_heads_of(int first, int count, int group) { return (first + count - 1) / 
 
 Result<MaskSpec> parse_mask_kind(std::string_view text) {
   const auto fail = [&] {
-    return Error{"--mask: '" + std::string(text) + "' is not allowed; allowed: " + kMaskAllowed};
+    return not_allowed("mask", text, kMaskAllowed);
   };
   if (text == "none") return MaskSpec{MaskKind::kNone, {}};
   if (text == "causal") return MaskSpec{MaskKind::kCausal, {}};
@@ -79,9 +79,8 @@ std::string format_mask_kind(const MaskSpec& mask) {
 Result<GatherKernel> parse_gather_kernel(std::string_view text) {
   if (text == "dense-bias") return GatherKernel::kDenseBias;
   if (text == "skips-masked-blocks") return GatherKernel::kSkipsMaskedBlocks;
-  return Error{"--gather-kernel: '" + std::string(text) +
-               "' is not allowed; allowed: dense-bias (cuDNN-like, the seed's rule) or skips-masked-blocks (Dew's "
-               "CPU kernel)"};
+  return not_allowed("gather kernel", text,
+                     "dense-bias (cuDNN-like, the design page's rule) or skips-masked-blocks (Dew's CPU kernel)");
 }
 
 std::string_view gather_kernel_name(GatherKernel kernel) {
@@ -95,32 +94,32 @@ std::string_view exchange_name(Exchange exchange) {
 Result<Plan> choose_exchange(const Call& call) {
   const std::string counts = "a whole number from 1 to " + str(kMaxCount);
   const std::string lengths = "a whole number from 1 to 2^40";
-  if (call.heads < 1 || call.heads > kMaxCount) return value_error("--heads", call.heads, counts);
-  if (call.kv_heads < 1 || call.kv_heads > kMaxCount) return value_error("--kv-heads", call.kv_heads, counts);
+  if (call.heads < 1 || call.heads > kMaxCount) return value_error("heads", call.heads, counts);
+  if (call.kv_heads < 1 || call.kv_heads > kMaxCount) return value_error("kv_heads", call.kv_heads, counts);
   if (call.heads % call.kv_heads != 0) {
-    return Error{"--kv-heads: " + str(call.kv_heads) + " does not divide --heads " + str(call.heads) +
-                 "; allowed: a divisor of the query heads (grouped-query attention)"};
+    return invalid_argument("kv_heads: " + str(call.kv_heads) + " does not divide heads " + str(call.heads) +
+                            "; allowed: a divisor of the query heads (grouped-query attention)");
   }
   if (call.query_length < 1 || call.query_length > kMaxLength)
-    return value_error("--length", call.query_length, lengths);
+    return value_error("query length", call.query_length, lengths);
   if (call.key_length < 1 || call.key_length > kMaxLength)
-    return value_error("--kv-length", call.key_length, lengths);
-  if (call.sequence < 1 || call.sequence > kMaxCount) return value_error("--sequence", call.sequence, counts);
-  if (call.tensor < 1 || call.tensor > kMaxCount) return value_error("--tensor", call.tensor, counts);
-  if (call.head_dim < 1 || call.head_dim > kMaxCount) return value_error("--head-dim", call.head_dim, counts);
+    return value_error("key length", call.key_length, lengths);
+  if (call.sequence < 1 || call.sequence > kMaxCount) return value_error("sequence", call.sequence, counts);
+  if (call.tensor < 1 || call.tensor > kMaxCount) return value_error("tensor", call.tensor, counts);
+  if (call.head_dim < 1 || call.head_dim > kMaxCount) return value_error("head width", call.head_dim, counts);
   if (call.bytes_per_value < 1 || call.bytes_per_value > 16)
-    return value_error("--bytes-per-value", call.bytes_per_value, "a whole number from 1 to 16");
+    return value_error("bytes per value", call.bytes_per_value, "a whole number from 1 to 16");
   if (call.mask.kind == MaskKind::kWindow &&
       (call.mask.window.left < 0 || call.mask.window.left > kMaxLength || call.mask.window.right < 0 ||
        call.mask.window.right > kMaxLength)) {
-    return Error{"--mask: window=" + str(call.mask.window.left) + "," + str(call.mask.window.right) +
-                 " is not allowed; allowed: " + kMaskAllowed};
+    return not_allowed("mask", "window=" + str(call.mask.window.left) + "," + str(call.mask.window.right),
+                       kMaskAllowed);
   }
   const int h_all = call.heads, t = call.tensor, n = call.sequence;
   const std::int64_t lq = call.query_length, lk = call.key_length;
   if (h_all % t != 0) {
-    return Error{"neither exchange can run: --heads " + str(h_all) + " does not divide by --tensor " + str(t) +
-                 " (every tensor shard needs whole query heads)"};
+    return unsupported("neither exchange can run: heads " + str(h_all) + " do not divide by tensor " + str(t) +
+                       " (every tensor shard needs whole query heads)");
   }
   Plan plan;
   const int group = h_all / call.kv_heads;
@@ -136,12 +135,12 @@ Result<Plan> choose_exchange(const Call& call) {
   // The all-to-all: whole query heads per device, lengths split evenly.
   ExchangeCost& a2a = plan.all_to_all;
   if (h % n != 0) {
-    a2a.why_not = "the query heads per tensor shard, --heads " + str(h_all) + " / --tensor " + str(t) + " = " +
-                  str(h) + ", do not divide by --sequence " + str(n);
+    a2a.why_not = "the query heads per tensor shard, heads " + str(h_all) + " / tensor " + str(t) + " = " +
+                  str(h) + ", do not divide by sequence " + str(n);
   } else if (lq % n != 0) {
-    a2a.why_not = "the query length " + str(lq) + " does not divide by --sequence " + str(n);
+    a2a.why_not = "the query length " + str(lq) + " does not divide by sequence " + str(n);
   } else if (lk % n != 0) {
-    a2a.why_not = "the key length " + str(lk) + " does not divide by --sequence " + str(n);
+    a2a.why_not = "the key length " + str(lk) + " does not divide by sequence " + str(n);
   } else {
     a2a.can_run = true;
     int most = 0;  // key heads the busiest device of a sequence group needs
@@ -158,7 +157,7 @@ Result<Plan> choose_exchange(const Call& call) {
   // work over 2N chunks, which needs the query length to divide by 2N.
   ExchangeCost& gather = plan.gather;
   if (masked && n > 1 && lq % (2 * n) != 0) {
-    gather.why_not = "a " + format_mask_kind(call.mask) + " call cuts the query length into 2 x --sequence = " +
+    gather.why_not = "a " + format_mask_kind(call.mask) + " call cuts the query length into 2 x sequence = " +
                      str(2 * n) + " chunks, and " + str(lq) + " does not divide by " + str(2 * n);
   } else {
     gather.can_run = true;
@@ -169,12 +168,12 @@ Result<Plan> choose_exchange(const Call& call) {
   }
 
   if (!a2a.can_run && !gather.can_run) {
-    return Error{"neither exchange can run: all-to-all: " + a2a.why_not + "; gather: " + gather.why_not};
+    return unsupported("neither exchange can run: all-to-all: " + a2a.why_not + "; gather: " + gather.why_not);
   }
   const std::string units_text = " units of length x head width x (N-1)/N per device";
   if (n == 1) {
     plan.exchange = Exchange::kAllToAll;
-    plan.reason = "--sequence 1: nothing is exchanged; the local kernel runs on the whole sequence";
+    plan.reason = "sequence 1: nothing is exchanged; the local kernel runs on the whole sequence";
   } else if (!gather.can_run) {
     plan.exchange = Exchange::kAllToAll;
     plan.reason = "the gather cannot run: " + gather.why_not;
@@ -209,7 +208,7 @@ Result<Plan> choose_exchange(const Call& call) {
       } else {
         plan.exchange = Exchange::kAllToAll;
         plan.reason = both + " forward, and the gather's backward would reduce-scatter dK and dV in fp32, more "
-                             "than --bytes-per-value " + str(call.bytes_per_value);
+                             "than " + str(call.bytes_per_value) + " bytes per value";
       }
     } else {
       plan.exchange = Exchange::kAllToAll;

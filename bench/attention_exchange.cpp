@@ -35,18 +35,20 @@
 #include <thread>
 #include <vector>
 
-#include "attention.h"
-#include "communicator.h"
-#include "exchange.h"
+#include "dew/median.h"
+#include "dew/attention.h"
+#include "dew/comm.h"
+#include "dew/exchange.h"
 #ifdef DEW_HAVE_NCCL
 #include <cuda_runtime_api.h>
 
-#include "nccl_communicator.h"
+#include "dew/nccl.h"
 #endif
 
 namespace {
 
 using namespace dew::attention;
+using namespace dew::comm;
 using Clock = std::chrono::steady_clock;
 
 struct Shape {
@@ -173,11 +175,6 @@ Times time_shape(const Shape& s, int n, int head_dim, int runs, double min_secon
       times.gather[i] = std::max(times.gather[i], rank.runs[slot(Exchange::kGather)][i]);
     }
   return times;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 
@@ -354,7 +351,7 @@ int main(int argc, char** argv) {
               continue;
             }
             const Times times = time_shape(Shape{h, k, length, causal}, int(n), int(head_dim), runs, min_seconds, backend);
-            const double ta = median(times.all_to_all), tg = median(times.gather);
+            const double ta = dew::median(times.all_to_all), tg = dew::median(times.gather);
             const Exchange faster = ta <= tg ? Exchange::kAllToAll : Exchange::kGather;
             int a2a_wins = 0;
             for (std::size_t r = 0; r < times.all_to_all.size(); ++r)

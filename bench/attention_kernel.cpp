@@ -21,7 +21,8 @@
 #include <string>
 #include <vector>
 
-#include "attention.h"
+#include "dew/median.h"
+#include "dew/attention.h"
 
 namespace {
 
@@ -29,11 +30,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
 }
 
 std::vector<float> random_values(std::size_t n, unsigned seed) {
@@ -56,7 +52,7 @@ double sgemm_gflops(int n, int runs) {
     const double s = seconds_since(start);
     if (r > 0) rates.push_back(2.0 * n * n * double(n) / s / 1e9);
   }
-  return median(rates);
+  return dew::median(rates);
 }
 
 // SGEMM in the attention's own shape: S = Q K^T, (m x d) (n x d)^T.
@@ -70,7 +66,7 @@ double sgemm_qk_gflops(int m, int n, int d, int runs) {
     const double s = seconds_since(start);
     if (r > 0) rates.push_back(2.0 * m * n * double(d) / s / 1e9);
   }
-  return median(rates);
+  return dew::median(rates);
 }
 
 struct Options {
@@ -128,7 +124,7 @@ Rates measure(const Options& o, bool causal) {
     gemm.push_back(g1);
     gemm.push_back(g2);
   }
-  return {median(f), median(b), median(fr_ratio), median(br_ratio), median(gemm)};
+  return {dew::median(f), dew::median(b), dew::median(fr_ratio), dew::median(br_ratio), dew::median(gemm)};
 }
 
 bool parse(int argc, char** argv, Options& o) {

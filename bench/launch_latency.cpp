@@ -14,10 +14,7 @@
 // variants run in the same run, interleaved (A B, B A, ...), after one
 // uncounted warm-up each. Target: dew's median <= 1.5 x mpirun's.
 // Exit status: 0 when the measurement completes, met or not; 1 on errors.
-#include <fcntl.h>
-#include <spawn.h>
 #include <sys/utsname.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,7 +28,9 @@
 #include <thread>
 #include <vector>
 
-extern char** environ;
+#include "dew/exit_status.h"
+#include "dew/median.h"
+#include "dew/process.h"
 
 namespace {
 
@@ -54,47 +53,25 @@ std::string quoted(const std::vector<std::string>& argv) {
 
 // Runs argv, returns the sample or exits on failure.
 Sample run_once(const std::vector<std::string>& argv) {
-  int out[2];
-  if (pipe(out) != 0) std::exit(1);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&actions, out[1], 1);
-  posix_spawn_file_actions_addclose(&actions, out[0]);
-  std::vector<std::string> args = argv;
-  std::vector<char*> c_args;
-  for (auto& a : args) c_args.push_back(a.data());
-  c_args.push_back(nullptr);
+  dew::SpawnOptions options;
+  options.argv = argv;
   const long long start = now_ns();
-  pid_t pid = 0;
-  if (posix_spawnp(&pid, c_args[0], &actions, nullptr, c_args.data(), environ) != 0) {
-    std::fprintf(stderr, "launch_latency: cannot start %s\n", argv[0].c_str());
-    std::exit(1);
-  }
-  posix_spawn_file_actions_destroy(&actions);
-  close(out[1]);
-  std::string text;
-  char buffer[4096];
-  ssize_t n;
-  while ((n = read(out[0], buffer, sizeof buffer)) > 0) text.append(buffer, static_cast<std::size_t>(n));
-  close(out[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
+  auto ran = dew::capture(options, std::chrono::minutes(2));
   const long long end = now_ns();
-  const auto at = text.find("joined ");
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || at == std::string::npos) {
-    std::fprintf(stderr, "launch_latency: %s failed (status %d), output:\n%s\n", quoted(argv).c_str(), status,
-                 text.c_str());
+  if (!ran.ok()) {
+    std::fprintf(stderr, "launch_latency: %s\n", ran.error().message.c_str());
     std::exit(1);
   }
-  const long long joined = std::atoll(text.c_str() + at + 7);
+  const dew::Captured& r = ran.value();
+  const auto at = r.out.find("joined ");
+  if (r.timed_out || r.wait_status != 0 || at == std::string::npos) {
+    std::fprintf(stderr, "launch_latency: %s failed (%s), output:\n%s%s\n", quoted(argv).c_str(),
+                 r.timed_out ? "no end within 2 minutes" : dew::describe_wait_status(r.wait_status).c_str(),
+                 r.out.c_str(), r.err.c_str());
+    std::exit(1);
+  }
+  const long long joined = std::atoll(r.out.c_str() + at + 7);
   return {static_cast<double>(joined - start) / 1e9, static_cast<double>(end - start) / 1e9};
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 std::string first_line(const std::string& path) {
@@ -171,15 +148,15 @@ int main(int argc, char** argv) {
       }
     }
     auto row = [&](const char* name, const std::vector<double>& joined, const std::vector<double>& whole) {
-      std::printf("  %-3d %-8s %5d  %7.3f  %7.3f  %7.3f  %7.3f\n", n, name, runs, median(joined),
+      std::printf("  %-3d %-8s %5d  %7.3f  %7.3f  %7.3f  %7.3f\n", n, name, runs, dew::median(joined),
                   *std::min_element(joined.begin(), joined.end()), *std::max_element(joined.begin(), joined.end()),
-                  median(whole));
+                  dew::median(whole));
     };
     row("dew", dew_joined, dew_whole);
     row("mpirun", mpi_joined, mpi_whole);
-    const double ratio = median(dew_joined) / median(mpi_joined);
+    const double ratio = dew::median(dew_joined) / dew::median(mpi_joined);
     std::printf("  %-3d ratio of medians (dew / mpirun): %.3f (whole run: %.3f)\n", n, ratio,
-                median(dew_whole) / median(mpi_whole));
+                dew::median(dew_whole) / dew::median(mpi_whole));
     met = met && ratio <= 1.5;
     std::fflush(stdout);
   }

@@ -3,7 +3,9 @@
 // order (up to 8 devices), and how its score compares with the plain id
 // order on topology files.
 //
-//   bench/placement [--runs N] [TOPOLOGY_FILE...]
+//   bench/placement [--runs N] [--smoke] [TOPOLOGY_FILE...]
+//
+// --smoke: one run of a few sizes, so the tests know the program still works.
 //
 // Files without GPUs or that fail to load are listed as skipped.
 #include <algorithm>
@@ -18,8 +20,9 @@
 #include <string>
 #include <vector>
 
-#include "mesh.h"
-#include "topology.h"
+#include "dew/median.h"
+#include "dew/mesh.h"
+#include "dew/topology.h"
 
 namespace {
 
@@ -111,8 +114,7 @@ double median_seconds(int runs, const std::function<void()>& body) {
     body();
     seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
-  std::sort(seconds.begin(), seconds.end());
-  return seconds[seconds.size() / 2];
+  return dew::median(seconds);
 }
 
 std::vector<int> identity(int n) {
@@ -137,23 +139,17 @@ struct Case {
   int n;
 };
 
-}  // namespace
-
-int main(int argc, char** argv) {
+struct Options {
   int runs = 21;
+  bool smoke = false;  // one run of a few sizes: the program still works
   std::vector<std::string> files;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--runs") == 0 && i + 1 < argc) {
-      runs = std::max(1, std::atoi(argv[++i]));
-    } else {
-      files.emplace_back(argv[i]);
-    }
-  }
+};
 
+std::vector<Case> load_fixtures(const std::vector<std::string>& files) {
   std::vector<Case> fixtures;
   std::printf("topology files\n");
   for (const std::string& file : files) {
-    auto topology = dew::runtime::load_topology_file(file);
+    auto topology = dew::topology::load_topology_file(file);
     const char* base = std::strrchr(file.c_str(), '/');
     const std::string name = base != nullptr ? base + 1 : file;
     if (!topology.ok()) {
@@ -166,18 +162,21 @@ int main(int argc, char** argv) {
       fixtures.push_back({name, topology.value().bandwidth_gbps, n});
     }
   }
+  return fixtures;
+}
 
-  std::printf("\nplacement time, median of %d runs (exact up to %d devices, heuristic above)\n", runs,
+void time_placement(const Options& o, const std::vector<Case>& fixtures) {
+  std::printf("\nplacement time, median of %d runs (exact up to %d devices, heuristic above)\n", o.runs,
               dew::mesh::kExactPlacementLimit);
   std::printf("  %-3s %-34s %-36s %12s\n", "n", "matrix", "shape", "median (s)");
-  std::vector<Case> timed = {
-      {"random 8 (1000 levels, seed 1)", random_matrix(8, 1, 1000), 8},
-      {"random 16 (2 levels, seed 1)", random_matrix(16, 1, 2), 16},
-      {"random 16 (1000 levels, seed 2)", random_matrix(16, 2, 1000), 16},
-      {"NVL72 equal links", bandwidth_matrix(72, [](int, int) { return 900.0; }), 72},
-      {"NVL72 hidden quads", hidden_quads(72), 72},
-      {"random 72 (1000 levels, seed 3)", random_matrix(72, 3, 1000), 72},
-  };
+  std::vector<Case> timed = {{"random 8 (1000 levels, seed 1)", random_matrix(8, 1, 1000), 8}};
+  if (!o.smoke) {
+    timed.push_back({"random 16 (2 levels, seed 1)", random_matrix(16, 1, 2), 16});
+    timed.push_back({"random 16 (1000 levels, seed 2)", random_matrix(16, 2, 1000), 16});
+    timed.push_back({"NVL72 equal links", bandwidth_matrix(72, [](int, int) { return 900.0; }), 72});
+    timed.push_back({"NVL72 hidden quads", hidden_quads(72), 72});
+    timed.push_back({"random 72 (1000 levels, seed 3)", random_matrix(72, 3, 1000), 72});
+  }
   for (const Case& fixture : fixtures) {
     if (fixture.n == 8 || fixture.n == 16) timed.push_back(fixture);
   }
@@ -190,21 +189,25 @@ int main(int argc, char** argv) {
   double worst72 = 0;
   for (const Case& c : timed) {
     for (const MeshShape& shape : shapes.at(c.n)) {
-      const double seconds = median_seconds(runs, [&] { (void)dew::mesh::place(c.matrix, c.n, shape); });
+      const double seconds = median_seconds(o.runs, [&] { (void)dew::mesh::place(c.matrix, c.n, shape); });
       if (c.n == 72) worst72 = std::max(worst72, seconds);
       std::printf("  %-3d %-34s %-36s %12.6f\n", c.n, c.name.c_str(), shape_text(shape).c_str(), seconds);
     }
   }
   std::printf("  target: < 1 s for 72 devices: %s (slowest median %.6f s)\n", worst72 < 1.0 ? "met" : "NOT met",
               worst72);
+}
 
-  // The exact search's cost depends on the matrix: its slowest single run
-  // over many random ones, every distinct shape of 9 to 16 devices.
+// The exact search's cost depends on the matrix: its slowest single run over
+// many random ones, every distinct shape of 9 to 16 devices.
+void exact_search_sweep(const Options& o) {
   double slowest = 0;
   std::string where;
   int searches = 0;
-  for (int n = 9; n <= 16; ++n) {
-    for (unsigned seed = 0; seed < 30; ++seed) {
+  const int largest = o.smoke ? 9 : 16;
+  const unsigned matrices = o.smoke ? 2 : 30;
+  for (int n = 9; n <= largest; ++n) {
+    for (unsigned seed = 0; seed < matrices; ++seed) {
       const unsigned levels = seed % 3 == 0 ? 2 : (seed % 3 == 1 ? 3 : 1000);
       const Matrix m = random_matrix(n, 31 * seed + static_cast<unsigned>(n), levels);
       for (const MeshShape& shape : distinct_shapes(n)) {
@@ -217,17 +220,18 @@ int main(int argc, char** argv) {
       }
     }
   }
-  std::printf(
-      "  exact search, slowest of %d runs (9-16 devices, 30 random matrices each, every distinct shape): "
-      "%.6f s (%s)\n",
-      searches, slowest, where.c_str());
+  std::printf("  exact search, slowest of %d runs (9-%d devices, %u random matrices each, every distinct shape): "
+              "%.6f s (%s)\n",
+              searches, largest, matrices, slowest, where.c_str());
+}
 
+void against_brute_force(const Options& o, const std::vector<Case>& fixtures) {
   std::printf("\nscore against a brute force over every order (every distinct shape)\n");
   std::vector<Case> small;
   for (const Case& fixture : fixtures) {
     if (fixture.n <= 8) small.push_back(fixture);
   }
-  for (unsigned seed = 0; seed < 4; ++seed) {
+  for (unsigned seed = 0; seed < (o.smoke ? 1u : 4u); ++seed) {
     small.push_back(
         {"random 8 (" + std::to_string(seed % 2 == 0 ? 3 : 1000) + " levels, seed " + std::to_string(seed) + ")",
          random_matrix(8, 100 + seed, seed % 2 == 0 ? 3 : 1000), 8});
@@ -248,7 +252,9 @@ int main(int argc, char** argv) {
   }
   std::printf("  target: optimal wherever brute force can check: %s (%d of %d)\n",
               optimal == checked ? "met" : "NOT met", optimal, checked);
+}
 
+void against_id_order(const std::vector<Case>& fixtures) {
   std::printf("\nscore against the plain id order (slowest link per axis in GB/s, innermost first)\n");
   for (const Case& c : fixtures) {
     for (const MeshShape& shape : distinct_shapes(c.n)) {
@@ -265,5 +271,26 @@ int main(int argc, char** argv) {
                   score_text(plain, shape).c_str());
     }
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--runs") == 0 && i + 1 < argc) {
+      o.runs = std::max(1, std::atoi(argv[++i]));
+    } else if (std::strcmp(argv[i], "--smoke") == 0) {
+      o.smoke = true;
+      o.runs = 1;
+    } else {
+      o.files.emplace_back(argv[i]);
+    }
+  }
+  const std::vector<Case> fixtures = load_fixtures(o.files);
+  time_placement(o, fixtures);
+  exact_search_sweep(o);
+  against_brute_force(o, fixtures);
+  against_id_order(fixtures);
   return 0;
 }

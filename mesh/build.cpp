@@ -23,7 +23,7 @@
 #include <numeric>
 #include <set>
 
-#include "mesh.h"
+#include "dew/mesh.h"
 #include "text.h"
 
 namespace dew::mesh {
@@ -34,26 +34,26 @@ constexpr int kFsdp = static_cast<int>(Axis::kFsdp);
 
 std::optional<Error> check_graph(const DeviceGraph& graph) {
   const std::size_t n = graph.devices.size();
-  if (n == 0) return Error{"mesh: the device graph has no devices; allowed: at least 1"};
+  if (n == 0) return invalid_argument("mesh: the device graph has no devices; allowed: at least 1");
   std::set<int> ids;
   for (const Device& device : graph.devices) {
     if (!ids.insert(device.id).second) {
-      return Error{"mesh: device id " + std::to_string(device.id) +
-                   " appears twice in the device graph; each id must be unique"};
+      return invalid_argument("mesh: device id " + std::to_string(device.id) +
+                   " appears twice in the device graph; each id must be unique");
     }
   }
   if (graph.bandwidth.size() != n * n) {
-    return Error{"mesh: the bandwidth matrix has " + std::to_string(graph.bandwidth.size()) + " entries; " +
+    return invalid_argument("mesh: the bandwidth matrix has " + std::to_string(graph.bandwidth.size()) + " entries; " +
                  std::to_string(n) + " devices need " + std::to_string(n * n) + " (" + std::to_string(n) + " x " +
-                 std::to_string(n) + ")"};
+                 std::to_string(n) + ")");
   }
   for (std::size_t i = 0; i < n; ++i) {
     for (std::size_t j = 0; j < n; ++j) {
       const double value = graph.bandwidth[i * n + j];
       if (i != j && !(std::isfinite(value) && value >= 0)) {
-        return Error{"mesh: bandwidth from device " + std::to_string(graph.devices[i].id) + " to device " +
+        return invalid_argument("mesh: bandwidth from device " + std::to_string(graph.devices[i].id) + " to device " +
                      std::to_string(graph.devices[j].id) + " is " + number_text(value) +
-                     " GB/s; allowed: a finite number >= 0"};
+                     " GB/s; allowed: a finite number >= 0");
       }
     }
   }
@@ -98,10 +98,10 @@ Granules find_granules(const DeviceGraph& graph, const std::vector<int>& ids, bo
 std::optional<Error> check_equal(const Granules& granules) {
   for (std::size_t g = 1; g < granules.members.size(); ++g) {
     if (granules.members[g].size() != granules.members[0].size()) {
-      return Error{"mesh: granules hold different device counts (" + granules.names[0] + ": " +
+      return invalid_argument("mesh: granules hold different device counts (" + granules.names[0] + ": " +
                    std::to_string(granules.members[0].size()) + ", " + granules.names[g] + ": " +
                    std::to_string(granules.members[g].size()) +
-                   "); hybrid sharding needs the same count in every granule"};
+                   "); hybrid sharding needs the same count in every granule");
     }
   }
   return std::nullopt;
@@ -113,19 +113,19 @@ Result<MeshShape> hybrid_inner(const MeshShape& shape, int replicas, const Granu
   const auto count = static_cast<int>(granules.names.size());
   const std::string what = std::to_string(count) + (count == 1 ? " granule" : " granules");
   if (count % replicas != 0) {
-    return Error{"mesh: replicas=" + std::to_string(replicas) + " does not divide the " + what +
+    return invalid_argument("mesh: replicas=" + std::to_string(replicas) + " does not divide the " + what +
                  (granules.processes ? " (processes: every device shares one host or NVLink domain)" : "") +
-                 "; allowed: a divisor of " + std::to_string(count)};
+                 "; allowed: a divisor of " + std::to_string(count));
   }
   if (shape[kData] % replicas != 0) {
-    return Error{"mesh: replicas=" + std::to_string(replicas) + " does not divide the data axis (" +
-                 axis_size(kData, shape[kData]) + "); the data axis spans the replica groups"};
+    return invalid_argument("mesh: replicas=" + std::to_string(replicas) + " does not divide the data axis (" +
+                 axis_size(kData, shape[kData]) + "); the data axis spans the replica groups");
   }
   const int per_group = count / replicas;
   if (shape[kFsdp] % per_group != 0) {
-    return Error{"mesh: fsdp=" + std::to_string(shape[kFsdp]) + " does not divide over the " +
+    return invalid_argument("mesh: fsdp=" + std::to_string(shape[kFsdp]) + " does not divide over the " +
                  std::to_string(per_group) + " granules of one replica group (" + what + " / replicas=" +
-                 std::to_string(replicas) + "); fsdp must be a multiple of " + std::to_string(per_group)};
+                 std::to_string(replicas) + "); fsdp must be a multiple of " + std::to_string(per_group));
   }
   MeshShape inner = shape;
   inner[kData] /= replicas;
@@ -258,7 +258,7 @@ std::string_view layout_name(Layout layout) {
 Result<Mesh> build_mesh(const MeshSpec& spec, const DeviceGraph& graph, const std::optional<std::vector<int>>& order) {
   if (auto error = check_graph(graph)) return *error;
   if (spec.replicas < 1 || spec.replicas > kMaxSize) {
-    return Error{bad_size("replicas", std::to_string(spec.replicas))};
+    return invalid_argument(bad_size("replicas", std::to_string(spec.replicas)));
   }
   Mesh mesh;
   mesh.replicas = spec.replicas;
@@ -266,23 +266,23 @@ Result<Mesh> build_mesh(const MeshSpec& spec, const DeviceGraph& graph, const st
   std::vector<int> plain;    // the same devices by id
   if (order) {
     if (spec.replicas != 1) {
-      return Error{"mesh: replicas=" + std::to_string(spec.replicas) +
+      return invalid_argument("mesh: replicas=" + std::to_string(spec.replicas) +
                    " with an explicit device order; the order fixes the layout, so give replicas=1 or "
-                   "no device order"};
+                   "no device order");
     }
-    if (order->empty()) return Error{"mesh: the device order is empty; allowed: device ids of the graph"};
+    if (order->empty()) return invalid_argument("mesh: the device order is empty; allowed: device ids of the graph");
     std::map<int, int> index_of;
     for (std::size_t d = 0; d < graph.devices.size(); ++d) index_of[graph.devices[d].id] = static_cast<int>(d);
     std::set<int> seen;
     for (const int id : *order) {
       const auto it = index_of.find(id);
       if (it == index_of.end()) {
-        return Error{"mesh: device " + std::to_string(id) + " in the device order is not one of the " +
+        return invalid_argument("mesh: device " + std::to_string(id) + " in the device order is not one of the " +
                      std::to_string(graph.devices.size()) + " devices (ids " + std::to_string(index_of.begin()->first) +
-                     " to " + std::to_string(index_of.rbegin()->first) + ")"};
+                     " to " + std::to_string(index_of.rbegin()->first) + ")");
       }
       if (!seen.insert(id).second) {
-        return Error{"mesh: device " + std::to_string(id) + " appears twice in the device order; give each once"};
+        return invalid_argument("mesh: device " + std::to_string(id) + " appears twice in the device order; give each once");
       }
       indices.push_back(it->second);
     }

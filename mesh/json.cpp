@@ -4,7 +4,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
-#include "mesh.h"
+#include "dew/mesh.h"
 
 namespace dew::mesh {
 namespace {

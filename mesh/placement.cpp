@@ -47,7 +47,7 @@
 #include <numeric>
 #include <optional>
 
-#include "mesh.h"
+#include "dew/mesh.h"
 
 namespace dew::mesh {
 namespace {

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <limits>
 
-#include "mesh.h"
+#include "dew/mesh.h"
 
 namespace dew::mesh {
 

@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "mesh.h"
+#include "dew/mesh.h"
 #include "text.h"
 
 namespace dew::mesh {
@@ -30,10 +30,10 @@ class SpecBuilder {
   std::optional<Error> key(std::string_view key) {
     const int index = key_index(key);
     if (index < 0) {
-      return Error{"mesh spec: unknown axis " + quote(key) + "; " + kAllowedNames};
+      return invalid_argument("mesh spec: unknown axis " + quote(key) + "; " + kAllowedNames);
     }
     if (seen_[index]) {
-      return Error{"mesh spec: axis " + quote(key) + " is given twice; give it once"};
+      return invalid_argument("mesh spec: axis " + quote(key) + " is given twice; give it once");
     }
     seen_[index] = true;
     index_ = index;
@@ -41,7 +41,7 @@ class SpecBuilder {
   }
   // value_text: the value as the user wrote it, for the message.
   std::optional<Error> value(std::int64_t value, bool whole, std::string_view value_text) {
-    if (!whole || value < 1 || value > kMaxSize) return Error{bad_size(current_name(), value_text)};
+    if (!whole || value < 1 || value > kMaxSize) return invalid_argument(bad_size(current_name(), value_text));
     if (index_ == kAxisCount) {
       spec_.replicas = static_cast<int>(value);
     } else {
@@ -90,7 +90,7 @@ class SpecSax final : public nlohmann::json_sax<json> {
     return true;
   }
   bool start_array(std::size_t /*elements*/) override {
-    if (depth_++ == 0) return fail(Error{"mesh spec: a JSON array is not allowed; " + kAllowedForm});
+    if (depth_++ == 0) return fail(invalid_argument("mesh spec: a JSON array is not allowed; " + kAllowedForm));
     return nested("an array");
   }
   bool end_array() override {
@@ -105,7 +105,7 @@ class SpecSax final : public nlohmann::json_sax<json> {
     if (const auto end = what.find("] "); what.starts_with("[json.") && end != std::string::npos) {
       what.erase(0, end + 2);
     }
-    return fail(Error{"mesh spec: invalid JSON: " + one_line(what)});
+    return fail(invalid_argument("mesh spec: invalid JSON: " + one_line(what)));
   }
 
   [[nodiscard]] Result<MeshSpec> result() const {
@@ -118,20 +118,20 @@ class SpecSax final : public nlohmann::json_sax<json> {
 
   bool scalar(std::string_view text) {
     if (depth_ == 0) {
-      return fail(Error{"mesh spec: " + quote(text) + " is not allowed; " + kAllowedForm});
+      return fail(invalid_argument("mesh spec: " + quote(text) + " is not allowed; " + kAllowedForm));
     }
     return number(0, false, text);
   }
   bool number(std::int64_t value, bool whole, std::string_view text) {
     if (depth_ == 0) {
-      return fail(Error{"mesh spec: " + quote(text) + " is not allowed; " + kAllowedForm});
+      return fail(invalid_argument("mesh spec: " + quote(text) + " is not allowed; " + kAllowedForm));
     }
     if (auto error = builder_.value(value, whole, text)) return fail(std::move(*error));
     return true;
   }
   bool nested(std::string_view what) {
     return fail(
-        Error{"mesh spec: " + std::string(builder_.current_name()) + " is " + std::string(what) + "; " + kAllowedSize});
+        invalid_argument("mesh spec: " + std::string(builder_.current_name()) + " is " + std::string(what) + "; " + kAllowedSize));
   }
   bool fail(Error error) {
     if (!error_) error_ = std::move(error);
@@ -150,7 +150,7 @@ std::string_view trim(std::string_view text) {
   return text.substr(first, last - first + 1);
 }
 
-const Error kEmpty{
+const Error kEmpty{ErrorCode::kInvalidArgument,
     "mesh spec is empty; allowed: a JSON object such as {\"fsdp\": 2} or axis=size pairs such as "
     "fsdp=2 ({} for data parallel over every device)"};
 
@@ -173,9 +173,9 @@ Result<MeshSpec> parse_mesh_spec_pairs(std::string_view text) {
     start = comma + 1;
     const auto equals = entry.find('=');
     if (entry.empty() || equals == std::string_view::npos) {
-      return Error{"mesh spec: " + quote(entry) + " in " + quote(text) +
+      return invalid_argument("mesh spec: " + quote(entry) + " in " + quote(text) +
                    " is not axis=size; allowed: axis=size pairs separated by commas, such as "
-                   "fsdp=2,replicas=2"};
+                   "fsdp=2,replicas=2");
     }
     if (auto error = builder.key(trim(entry.substr(0, equals)))) return *error;
     const std::string_view value = trim(entry.substr(equals + 1));
@@ -212,7 +212,7 @@ std::string format_mesh_spec(const MeshSpec& spec) {
 
 Result<MeshShape> resolve_shape(const MeshSpec& spec, int devices) {
   if (devices < 1) {
-    return Error{"mesh: " + std::to_string(devices) + " devices to lay out; allowed: at least 1"};
+    return invalid_argument("mesh: " + std::to_string(devices) + " devices to lay out; allowed: at least 1");
   }
   // Sizes are at most 2^20 each; a product past 2^40 cannot match an int
   // device count, so it is kept only as "too many".
@@ -222,7 +222,7 @@ Result<MeshShape> resolve_shape(const MeshSpec& spec, int devices) {
   for (int a = 0; a < kAxisCount; ++a) {
     if (!spec.sizes[a]) continue;
     const int size = *spec.sizes[a];
-    if (size < 1 || size > kMaxSize) return Error{bad_size(kMeshAxes[a], std::to_string(size))};
+    if (size < 1 || size > kMaxSize) return invalid_argument(bad_size(kMeshAxes[a], std::to_string(size)));
     product = std::min(product * size, kCap);
     named += (named.empty() ? "" : " x ") + std::string(kMeshAxes[a]) + "=" + std::to_string(size);
   }
@@ -232,15 +232,15 @@ Result<MeshShape> resolve_shape(const MeshSpec& spec, int devices) {
   const auto data = static_cast<int>(Axis::kData);
   if (spec.sizes[data]) {
     if (product != devices) {
-      return Error{"mesh spec: " + named + " multiply to " + made + ", but there are " + std::to_string(devices) +
-                   " devices; the sizes must multiply to the device count"};
+      return invalid_argument("mesh spec: " + named + " multiply to " + made + ", but there are " + std::to_string(devices) +
+                   " devices; the sizes must multiply to the device count");
     }
   } else if (devices % product != 0) {
-    return Error{"mesh spec: " + named + " multiply to " + made + ", which does not divide the " +
+    return invalid_argument("mesh spec: " + named + " multiply to " + made + ", which does not divide the " +
                  std::to_string(devices) +
                  " devices; data takes the devices left over, so the other axes must multiply to a "
                  "divisor of " +
-                 std::to_string(devices)};
+                 std::to_string(devices));
   } else {
     shape[data] = static_cast<int>(devices / product);
   }

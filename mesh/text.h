@@ -1,17 +1,16 @@
-// Text helpers for error messages (private to mesh/): a message is one line,
-// whatever bytes the user's input held.
+// Text for mesh errors (private to mesh/): a message is one line, whatever
+// bytes the user's input held (common's printable, quoted, one_line).
 #pragma once
 
 #include <string>
 #include <string_view>
 
+#include "dew/text.h"
+
 namespace dew::mesh {
 
 // 'text' with control and non-ASCII bytes as \xNN, cut after 60 bytes.
-std::string quote(std::string_view text);
-
-// text with every line break or control byte replaced by a space.
-std::string one_line(std::string_view text);
+inline std::string quote(std::string_view text) { return quoted(text, 60); }
 
 // A number as %g writes it: 25, 0.5, -1, nan.
 std::string number_text(double value);

@@ -9,7 +9,6 @@
 //                                srun: draw the step's pool secret
 //   slurm_spank_task_init        slurmstepd, per task, before exec: the task's environment
 //   slurm_spank_task_exit        slurmstepd, per task: kill-on-bad-exit
-#include <sys/random.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -37,6 +36,7 @@ extern const unsigned int spank_plugin_version = 0;
 int slurm_kill_job_step(uint32_t job_id, uint32_t step_id, uint16_t signal) __attribute__((weak));
 }
 
+#include "dew/hex.h"
 #include "pool_plan.h"
 
 namespace dew::spank {
@@ -169,7 +169,7 @@ Result<TaskFacts> gather_task_facts(spank_t sp) {
                      get_item(sp, S_TASK_ID, local_task) &&
                      get_item(sp, S_JOB_LOCAL_TASK_COUNT, facts.local_task_count) &&
                      get_item(sp, S_JOB_NODEID, facts.node_id);
-  if (!items || local_task < 0) return Error{"slurmstepd did not give the task's ids"};
+  if (!items || local_task < 0) return internal_error("slurmstepd did not give the task's ids");
   facts.local_task = static_cast<std::uint32_t>(local_task);
   facts.step_nodelist = task_getenv(sp, "SLURM_STEP_NODELIST");
   facts.distribution = task_getenv(sp, "SLURM_DISTRIBUTION");
@@ -242,13 +242,10 @@ int task_exit(spank_t sp) {
 // ------------------------------------------------------------ srun side ---
 
 int draw_pool_secret() {
-  unsigned char bytes[kSecretBytes];
-  if (getrandom(bytes, sizeof bytes, 0) != static_cast<ssize_t>(sizeof bytes)) {
-    return report(Error{"cannot draw the pool secret: getrandom failed"}), -1;
-  }
+  auto secret = random_hex(kSecretBytes);
+  if (!secret.ok()) return report(secret.error().prefixed("cannot draw the pool secret: ")), -1;
   // Tasks inherit srun's environment at launch; SLURM_* survives --export=NONE.
-  const auto secret = to_hex(bytes, sizeof bytes);
-  return setenv(kSecretCarrier, secret.c_str(), 1) == 0 ? 0 : -1;
+  return setenv(kSecretCarrier, secret.value().c_str(), 1) == 0 ? 0 : -1;
 }
 
 }  // namespace

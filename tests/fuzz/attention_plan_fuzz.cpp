@@ -9,7 +9,7 @@
 #include <string>
 #include <string_view>
 
-#include "attention.h"
+#include "dew/attention.h"
 #include "fuzz_check.h"
 
 namespace {

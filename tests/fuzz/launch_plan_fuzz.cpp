@@ -1,4 +1,4 @@
-// libFuzzer target for dew launch's pure core (runtime/launch/launch_plan.h).
+// libFuzzer target for dew launch's pure core (runtime/launch/dew/launch_plan.h).
 //
 // Input: byte 0 picks the line splitter's limit (1-64) and the chunk size
 // (1-16) it is fed in; the rest is split at NUL bytes into words. Checked:
@@ -15,11 +15,11 @@
 #include <vector>
 
 #include "fuzz_check.h"
-#include "launch_plan.h"
+#include "dew/launch_plan.h"
 
 namespace {
 
-using namespace dew::runtime;
+using namespace dew::launch;
 
 bool one_line(const std::string& text) {
   for (const char c : text) {
@@ -66,9 +66,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const std::string relabelled = relabel_srun_line(word.substr(0, word.find('\n')));
     FUZZ_CHECK(!relabelled.empty() && relabelled.back() == '\n');
     FUZZ_CHECK(relabelled.find('\n') == relabelled.size() - 1);
-    auto port = parse_port_reply(word, "host");
-    if (!port.ok()) FUZZ_CHECK(one_line(port.error().message));
-    if (port.ok()) FUZZ_CHECK(port.value() >= 1 && port.value() <= 65535);
+    auto answer = parse_host_reply(word, "host", (data[0] & 4) != 0, (data[0] & 8) != 0);
+    if (!answer.ok()) FUZZ_CHECK(one_line(answer.error().message));
+    if (answer.ok() && answer.value().port) FUZZ_CHECK(*answer.value().port >= 1 && *answer.value().port <= 65535);
   }
 
   auto env = parse_env_options(words, (data[0] & 1) != 0, (data[0] & 2) != 0);
@@ -94,7 +94,19 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   facts.port = 1234;
   facts.secret = "5ec2e7" + std::string(58, '0');
   facts.launcher_cwd = "/";
-  auto plan = plan_launch(valid.value(), env.ok() ? env.value() : std::vector<EnvVar>{}, facts);
+  LaunchOptions checked = valid.value();
+  if ((data[0] & 16) != 0) {
+    // The binding rule over hostile device lists: a plan or one line.
+    checked.devices_per_process = 1 + data[0] % 3;
+    facts.devices[options.hosts[0]] = HostDevices{words.back(), data[0] % 5u};
+    facts.devices["localhost"] = HostDevices{std::nullopt, data[0] % 7u};
+  }
+  auto planned = plan_launch(checked, env.ok() ? env.value() : std::vector<EnvVar>{}, facts);
+  if (!planned.ok()) {
+    FUZZ_CHECK(one_line(planned.error().message));
+    return 0;
+  }
+  const LaunchPlan& plan = planned.value();
   FUZZ_CHECK(plan.processes.size() == 2);
   const auto& remote = plan.processes[0];
   if (!remote.local) {

@@ -18,7 +18,7 @@
 #include <string>
 
 #include "fuzz_check.h"
-#include "mesh.h"
+#include "dew/mesh.h"
 
 namespace {
 

@@ -34,8 +34,11 @@ export UBSAN_OPTIONS="${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}"
 
 # libFuzzer stops itself after -max_total_time; the outer limit only guards
 # against a hang outside of a single input (which -timeout catches).
+# libFuzzer's own code for a finding is 77, which meson reads as "skipped":
+# every finding must fail the test instead.
 exec timeout --kill-after=10 $((seconds + 120)) \
   "$fuzzer" "$work/corpus" "$seeds" \
   -max_total_time="$seconds" \
   -artifact_prefix="$work/artifacts/" \
+  -error_exitcode=1 -timeout_exitcode=1 \
   "$@"

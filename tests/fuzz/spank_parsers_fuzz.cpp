@@ -21,6 +21,9 @@
 #include <sys/wait.h>
 #include <vector>
 
+#include "dew/exit_status.h"
+#include "dew/hex.h"
+#include "dew/hostlist.h"
 #include "pool_plan.h"
 #include "fuzz_check.h"
 
@@ -412,7 +415,7 @@ void check_binding(const GpuBindingInput& input, const Result<GpuBinding>& resul
     return;
   }
   const std::uint64_t per_task = *input.devices_per_process;
-  const std::uint64_t task = input.local_task;
+  const std::uint64_t task = input.local_process;
   // (task + 1) * per_task <= tokens, without overflow.
   const bool fits = per_task == 0 ? task * per_task <= tokens.size() : task + 1 <= tokens.size() / per_task;
   FUZZ_CHECK(result.ok() == fits);
@@ -436,12 +439,12 @@ void check_binding(const GpuBindingInput& input, const Result<GpuBinding>& resul
 void fuzz_bind_gpus(Bytes& bytes) {
   const std::uint8_t flags = bytes.byte();
   GpuBindingInput input;
-  input.local_task = bytes.u32();
-  input.local_task_count = bytes.u32();
+  input.local_process = bytes.u32();
+  input.local_process_count = bytes.u32();
   unsigned per_task = bytes.u32();
   if (flags & 0x08) {  // small numbers, where the interesting successes are
-    input.local_task %= 8;
-    input.local_task_count %= 9;
+    input.local_process %= 8;
+    input.local_process_count %= 9;
     per_task %= 9;  // 0 included: outside what the parsers give, still no UB
   }
   input.bound_by_slurm = flags & 0x01;
@@ -663,8 +666,8 @@ void fuzz_task_env(Bytes& bytes) {
   GpuBindingInput gpus;
   gpus.visible_devices = facts.visible_devices;
   gpus.bound_by_slurm = slurm_bound_gpus(facts.tres_bind, facts.gpus_per_task);
-  gpus.local_task = facts.local_task;
-  gpus.local_task_count = facts.local_task_count;
+  gpus.local_process = facts.local_task;
+  gpus.local_process_count = facts.local_task_count;
   gpus.devices_per_process =
       options.devices_per_process ? options.devices_per_process : config.devices_per_process;
   auto binding = bind_gpus(gpus);
@@ -713,7 +716,7 @@ void fuzz_misc(Bytes& bytes) {
   FUZZ_CHECK(parsed.ok() && parsed.value() && parsed.value()->count() == seconds);
 
   const std::string_view text = bytes.text();
-  const std::string hex = to_hex(reinterpret_cast<const unsigned char*>(text.data()), text.size());
+  const std::string hex = to_hex({reinterpret_cast<const unsigned char*>(text.data()), text.size()});
   FUZZ_CHECK(hex.size() == 2 * text.size());
   for (std::size_t i = 0; i < text.size(); ++i) {
     auto nibble = [](char c) -> unsigned {

@@ -1,4 +1,4 @@
-// libFuzzer target for the topology loaders (runtime/topology.h): any bytes
+// libFuzzer target for the topology loaders (runtime/topology/dew/topology.h): any bytes
 // as a topology file, through format detection and the hwloc XML, NCCL XML
 // and nvidia-smi text readers, then assembly. A loaded topology must be
 // well-formed; an error must be one line naming the input. A violated
@@ -10,14 +10,14 @@
 #include <string>
 #include <string_view>
 
-#include "topology.h"
+#include "dew/topology.h"
 #include "fuzz_check.h"
 
 namespace {
 
 
-using dew::runtime::PathClass;
-using dew::runtime::Topology;
+using dew::topology::PathClass;
+using dew::topology::Topology;
 
 constexpr std::string_view kName = "fuzz-input";
 
@@ -42,7 +42,7 @@ void check_topology(const Topology& t) {
       FUZZ_CHECK(t.bandwidth_gbps[at] == t.bandwidth_gbps[mirror]);
       // Any link beats no link: NVLink pairs are never slower than zero.
       if (t.path[at] == PathClass::kNVLink) FUZZ_CHECK(t.bandwidth_gbps[at] > 0);
-      const std::string label = dew::runtime::path_class_label(t.path[at], t.nvlinks[at]);
+      const std::string label = dew::topology::path_class_label(t.path[at], t.nvlinks[at]);
       FUZZ_CHECK(!label.empty());
     }
   }
@@ -53,9 +53,9 @@ void check_topology(const Topology& t) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view content(reinterpret_cast<const char*>(data), size);
-  const auto format = dew::runtime::detect_topology_format(content);
-  FUZZ_CHECK(!dew::runtime::format_name(format).empty());
-  const auto result = dew::runtime::parse_topology_text(content, kName);
+  const auto format = dew::topology::detect_topology_format(content);
+  FUZZ_CHECK(!dew::topology::format_name(format).empty());
+  const auto result = dew::topology::parse_topology_text(content, kName);
   if (result.ok()) {
     check_topology(result.value());
   } else {

@@ -7,7 +7,6 @@
 #include <netinet/in.h>
 #include <pwd.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -21,7 +20,8 @@
 #include <sstream>
 #include <thread>
 
-#include "launch_plan.h"
+#include "dew/launch_plan.h"
+#include "dew/process.h"
 #include "slurm_cluster.h"
 #include "srun_output.h"
 #include "test_paths.h"
@@ -146,25 +146,15 @@ class Background {
              std::map<std::string, std::string> env = {})
       : out_(dir / (name + ".out")), err_(dir / (name + ".err")) {
     args.insert(args.begin(), {dew_exe(), "launch"});
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&actions, 1, out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&actions, 2, err_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    std::vector<std::string> environment;
-    for (char** e = environ; *e != nullptr; ++e) {
-      const std::string text(*e);
-      if (env.count(text.substr(0, text.find('='))) == 0) environment.push_back(text);
-    }
-    for (const auto& [name, value] : env) environment.push_back(name + "=" + value);
-    std::vector<char*> c_args, c_env;
-    for (auto& a : args) c_args.push_back(a.data());
-    c_args.push_back(nullptr);
-    for (auto& e : environment) c_env.push_back(e.data());
-    c_env.push_back(nullptr);
+    dew::SpawnOptions options;
+    options.argv = args;
+    for (const auto& [name, value] : env) options.env.emplace_back(name, value);
+    options.stdout_mode = options.stderr_mode = dew::Stdio::kFile;
+    options.stdout_file = out_;
+    options.stderr_file = err_;
     start_ = Clock::now();
-    if (posix_spawn(&pid_, c_args[0], &actions, nullptr, c_args.data(), c_env.data()) != 0) pid_ = -1;
-    posix_spawn_file_actions_destroy(&actions);
+    auto child = dew::spawn(options);
+    pid_ = child.ok() ? child.value().pid : -1;
   }
   ~Background() {
     if (pid_ > 0 && !reaped_) {
@@ -307,7 +297,7 @@ TEST(LaunchLocal, FirstFailureStopsTheOthersAndReturnsItsCode) {
                               "done;; *) exec sleep 60;; esac";
   auto r = dew_launch({"--processes-per-host", "4", "--", "/bin/sh", "-c", program}, {}, 30s);
   EXPECT_EQ(r.exit_code, 3) << describe(r);
-  EXPECT_THAT(r.err, HasSubstr("dew launch: rank 1 on localhost exited with code 3; stopping the other processes\n"));
+  EXPECT_THAT(r.err, HasSubstr("dew launch: rank 1 on localhost ended with exit code 3; stopping the other processes\n"));
   EXPECT_LT(r.seconds, 0.5 + 2.0) << "the others are gone within 2 s of the failure";
   auto pids = pids_in(dir, "pid.", 4);
   ASSERT_EQ(pids.size(), 4u);
@@ -321,7 +311,7 @@ TEST(LaunchLocal, APeerFailedExitDoesNotHideTheRankThatFailed) {
       {"--processes-per-host", "4", "--", "/bin/sh", "-c", "if [ $DEW_PROCESS_ID = 2 ]; then exit 3; fi; exit 75"}, {},
       30s);
   EXPECT_EQ(r.exit_code, 3) << describe(r);
-  EXPECT_THAT(r.err, HasSubstr("dew launch: rank 2 on localhost exited with code 3; stopping the other processes"));
+  EXPECT_THAT(r.err, HasSubstr("dew launch: rank 2 on localhost ended with exit code 3; stopping the other processes"));
 }
 
 TEST(LaunchLocal, SignalKilledRankIsNamedAndGives128PlusSignal) {
@@ -329,7 +319,7 @@ TEST(LaunchLocal, SignalKilledRankIsNamedAndGives128PlusSignal) {
                        "if [ $DEW_PROCESS_ID = 0 ]; then kill -KILL $$; fi; exec sleep 60"},
                       {}, 30s);
   EXPECT_EQ(r.exit_code, 137) << describe(r);
-  EXPECT_THAT(r.err, HasSubstr("dew launch: rank 0 on localhost was killed by signal 9"));
+  EXPECT_THAT(r.err, HasSubstr("dew launch: rank 0 on localhost ended with signal 9 (SIGKILL)"));
   EXPECT_LT(r.seconds, 3);
 }
 
@@ -367,13 +357,29 @@ TEST(LaunchLocal, LaunchesStartedTogetherGetDifferentPorts) {
   EXPECT_EQ(coordinators.size(), 6u);
 }
 
+// No GPU here: the launcher's own CUDA_VISIBLE_DEVICES stands in for six
+// (a fake: the binding rule reads only that list), and is sliced as the
+// plugin slices a step's.
 TEST(LaunchLocal, PortAndDevicesPerProcess) {
   auto r = dew_launch({"--processes-per-host", "3", "--devices-per-process", "2", "--port", "29555", "--", "/bin/sh",
-                       "-c", "echo $DEW_COORDINATOR_ADDRESS $CUDA_VISIBLE_DEVICES $JAX_LOCAL_DEVICE_IDS"});
+                       "-c", "echo $DEW_COORDINATOR_ADDRESS $CUDA_VISIBLE_DEVICES $JAX_LOCAL_DEVICE_IDS"},
+                      {{"CUDA_VISIBLE_DEVICES", "GPU-a,GPU-b,GPU-c,GPU-d,GPU-e,GPU-f"}});
   ASSERT_EQ(r.exit_code, 0) << describe(r);
-  EXPECT_THAT(r.out, HasSubstr("[0] 127.0.0.1:29555 0,1 0,1\n"));
-  EXPECT_THAT(r.out, HasSubstr("[1] 127.0.0.1:29555 2,3 0,1\n"));
-  EXPECT_THAT(r.out, HasSubstr("[2] 127.0.0.1:29555 4,5 0,1\n"));
+  EXPECT_THAT(r.out, HasSubstr("[0] 127.0.0.1:29555 GPU-a,GPU-b 0,1\n"));
+  EXPECT_THAT(r.out, HasSubstr("[1] 127.0.0.1:29555 GPU-c,GPU-d 0,1\n"));
+  EXPECT_THAT(r.out, HasSubstr("[2] 127.0.0.1:29555 GPU-e,GPU-f 0,1\n"));
+}
+
+TEST(LaunchLocal, TooFewDevicesStopTheLaunchBeforeAnyProcessStarts) {
+  const TempDir dir;
+  auto r = dew_launch({"--processes-per-host", "3", "--devices-per-process", "2", "--", "/bin/sh", "-c",
+                       "touch " + dir / "started-$DEW_PROCESS_ID"},
+                      {{"CUDA_VISIBLE_DEVICES", "0,1,2,3"}});
+  EXPECT_EQ(r.exit_code, 2) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("dew launch: --devices-per-process: local process 2 of 3 needs GPUs [4, 6) with 2 "
+                               "devices per process, but this machine has 4 GPUs (CUDA_VISIBLE_DEVICES=0,1,2,3); 3 "
+                               "processes need 6\n"));
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path())) << "nothing started";
 }
 
 TEST(LaunchLocal, PrivateDirsGiveEachProcessItsOwnDirectoryHomeAndCache) {
@@ -464,8 +470,8 @@ TEST(LaunchLocal, HelpDescribesEveryOption) {
 TEST(LaunchLocal, AMissingProgramIsReportedWithItsRank) {
   auto r = dew_launch({"--", "/nonexistent/python"});
   EXPECT_EQ(r.exit_code, 127);
-  EXPECT_THAT(r.err, HasSubstr("[0] dew launch: cannot run /nonexistent/python: No such file or directory\n"));
-  EXPECT_THAT(r.err, HasSubstr("dew launch: rank 0 on localhost exited with code 127"));
+  EXPECT_THAT(r.err, HasSubstr("dew launch: cannot start rank 0 on localhost: cannot run /nonexistent/python"));
+  EXPECT_THAT(r.err, HasSubstr(": No such file or directory; stopping the other processes\n"));
 }
 
 // The runtime pool's worker (tests/pool/pool_worker), when this build has
@@ -507,7 +513,7 @@ TEST(LaunchPool, TheRankThatFailsIsNamedNotItsPeers) {
   if (pool_worker().empty()) GTEST_SKIP() << "no DEW_POOL_WORKER in this build";
   auto r = dew_launch({"--processes-per-host", "4", "--", pool_worker(), "throw", "2"}, {}, 60s);
   EXPECT_EQ(r.exit_code, 1) << describe(r);
-  EXPECT_THAT(r.err, HasSubstr("dew launch: rank 2 on localhost exited with code 1; stopping the other processes"));
+  EXPECT_THAT(r.err, HasSubstr("dew launch: rank 2 on localhost ended with exit code 1; stopping the other processes"));
   EXPECT_EQ(dew::testing::occurrences(r.err, "[2] error: uncaught exception: boom from rank 2"), 1) << describe(r);
   EXPECT_THAT(r.err, HasSubstr("[0] ending: process 2 failed: uncaught exception: boom from rank 2"));
 }
@@ -556,17 +562,13 @@ class SshLaunch : public ::testing::Test {
                                     << "\n  IdentitiesOnly yes\n  StrictHostKeyChecking no\n"
                                        "  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n";
     sshd_pid_ = 0;
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&actions, 1, (d / "sshd.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&actions, 2, (d / "sshd.log").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    std::vector<std::string> args = {"/usr/sbin/sshd", "-D", "-e", "-f", d / "sshd_config"};
-    std::vector<char*> c_args;
-    for (auto& a : args) c_args.push_back(a.data());
-    c_args.push_back(nullptr);
-    ASSERT_EQ(posix_spawn(&sshd_pid_, c_args[0], &actions, nullptr, c_args.data(), environ), 0);
-    posix_spawn_file_actions_destroy(&actions);
+    dew::SpawnOptions sshd;
+    sshd.argv = {"/usr/sbin/sshd", "-D", "-e", "-f", d / "sshd_config"};
+    sshd.stdout_mode = sshd.stderr_mode = dew::Stdio::kFile;
+    sshd.stdout_file = sshd.stderr_file = d / "sshd.log";
+    auto started = dew::spawn(sshd);
+    ASSERT_TRUE(started.ok()) << started.error().message;
+    sshd_pid_ = started.value().pid;
     const auto deadline = Clock::now() + 10s;
     while (!accepts(port_) && Clock::now() < deadline) std::this_thread::sleep_for(20ms);
     ASSERT_TRUE(accepts(port_)) << read_text(d / "sshd.log");
@@ -666,7 +668,7 @@ TEST_F(SshLaunch, ARemoteFailureStopsEveryProcess) {
                               "exec sleep 60";
   auto r = launch({"--hosts", "node0", "node1", "--processes-per-host", "2", "--", "/bin/sh", "-c", program}, 30s);
   EXPECT_EQ(r.exit_code, 5) << describe(r);
-  EXPECT_THAT(r.err, HasSubstr("dew launch: rank 3 on node1 exited with code 5; stopping the other processes\n"));
+  EXPECT_THAT(r.err, HasSubstr("dew launch: rank 3 on node1 ended with exit code 5; stopping the other processes\n"));
   auto pids = pids_in(dir, "pid.", 4);
   ASSERT_EQ(pids.size(), 4u);
   EXPECT_TRUE(all_gone(pids, 2s)) << "the remote processes end too";
@@ -690,7 +692,7 @@ TEST_F(SshLaunch, KillingTheSshConnectionEndsTheRemoteProcess) {
   kill(ssh, SIGKILL);
   EXPECT_TRUE(all_gone({remote}, 3s)) << "the remote process ends with its connection";
   EXPECT_EQ(launcher.wait(10s), 137) << launcher.err();
-  EXPECT_THAT(launcher.err(), HasSubstr("rank 0 on node0 was killed by signal 9"));
+  EXPECT_THAT(launcher.err(), HasSubstr("rank 0 on node0 ended with signal 9 (SIGKILL)"));
 }
 
 TEST_F(SshLaunch, SigtermToTheLauncherStopsRemoteProcesses) {
@@ -707,21 +709,21 @@ TEST_F(SshLaunch, SigtermToTheLauncherStopsRemoteProcesses) {
 TEST_F(SshLaunch, AHostWithoutPasswordlessLoginIsNamedInOneLine) {
   auto r = launch({"--hosts", "wrongkey", "node1", "--", "/bin/true"}, 30s);
   EXPECT_EQ(r.exit_code, 1) << describe(r);
-  EXPECT_THAT(r.err, HasSubstr("dew launch: cannot ask wrongkey for a free port over ssh (exited with code 255: "));
+  EXPECT_THAT(r.err, HasSubstr("dew launch: cannot ask wrongkey for a free port over ssh (ended with exit code 255: "));
   EXPECT_THAT(r.err, HasSubstr("Permission denied"));
   EXPECT_THAT(r.err, HasSubstr("passwordless ssh must work: check that `ssh -o BatchMode=yes wrongkey true` succeeds"));
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   // Not the first host: the rank is named when its ssh fails.
   auto second = launch({"--hosts", "node0", "wrongkey", "--", "/bin/true"}, 30s);
   EXPECT_EQ(second.exit_code, 255) << describe(second);
-  EXPECT_THAT(second.err, HasSubstr("dew launch: rank 1 on wrongkey exited with code 255 (ssh's code for a failed "
+  EXPECT_THAT(second.err, HasSubstr("dew launch: rank 1 on wrongkey ended with exit code 255 (ssh's code for a failed "
                                     "connection or login; passwordless ssh must work"));
 }
 
 TEST_F(SshLaunch, DryRunShowsTheSshCommands) {
   auto r = launch({"--dry-run", "--hosts", "node0", "node1", "--env", "V=a'b", "--", "/bin/true"});
   ASSERT_EQ(r.exit_code, 0) << describe(r);
-  EXPECT_THAT(r.err, HasSubstr("--dry-run: the port is asked from node0 when the launch starts; shown as PORT"));
+  EXPECT_THAT(r.err, HasSubstr("dew launch: --dry-run: remote hosts are not asked; the port shows as PORT"));
   auto lines = lines_starting_with(r.out, "");
   ASSERT_EQ(lines.size(), 2u);
   EXPECT_THAT(lines[0], ::testing::StartsWith("0 node0: ssh -o BatchMode=yes -F " + config() + " -- node0 "));

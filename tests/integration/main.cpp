@@ -1,4 +1,5 @@
-// One test program, one cluster: every integration suite links into it.
+// One test program, one cluster: every integration suite (the plugin, pools
+// under Slurm, the sbatch templates, dew launch) links into it.
 #include <gtest/gtest.h>
 
 #include "slurm_cluster.h"

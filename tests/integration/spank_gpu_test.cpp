@@ -73,8 +73,8 @@ TEST(SrunDewPoolGpus, TooFewGpusFailsTheTaskBeforeExecWithTheCounts) {
                           {}, 60s);
   EXPECT_NE(r.exit_code, 0) << describe(r);
   EXPECT_LT(r.seconds, 10.0);
-  EXPECT_THAT(r.err, HasSubstr("local task 1 of 2 needs GPUs [2, 4) with 2 devices per process, but the step has 2 "
-                               "GPUs on this node (CUDA_VISIBLE_DEVICES=0,1)"))
+  EXPECT_THAT(r.err, HasSubstr("local process 1 of 2 needs GPUs [2, 4) with 2 devices per process, but this node has "
+                               "2 GPUs (CUDA_VISIBLE_DEVICES=0,1)"))
       << describe(r);
   // Local task 1 of each node (ranks 1 and 3 in a block layout) never ran.
   auto tasks_started = 0;

@@ -33,7 +33,7 @@ TEST(SrunDewPool, EveryTaskOfTwoNodesGetsItsIdentityAndOneCoordinator) {
   const auto job = static_cast<std::uint32_t>(std::stoul(tasks[0]["SLURM_JOB_ID"]));
   const auto step = static_cast<std::uint32_t>(std::stoul(tasks[0]["SLURM_STEP_ID"]));
   const auto expected_address =
-      "n1:" + std::to_string(dew::spank::derive_port(job, step, dew::spank::PortRange{}));
+      "n1:" + std::to_string(dew::derive_port(job, step, dew::PortRange{}));
   std::map<std::string, int> tasks_per_node;
   for (auto& [rank, env] : tasks) ++tasks_per_node[env["SLURM_NODEID"]];
   EXPECT_EQ(tasks_per_node.size(), 2u) << "both nodes run tasks";
@@ -247,7 +247,7 @@ TEST(SrunDewPool, DevicesPerProcessWithoutGpusFailsBeforeExec) {
   const auto marker = marker_path("no-gpus");
   auto r = cluster().srun({"--dew-pool", "--dew-devices-per-process=1", "-N1", "-n2", "touch", marker}, {}, 30s);
   EXPECT_NE(r.exit_code, 0) << describe(r);
-  EXPECT_THAT(r.err, HasSubstr("needs GPUs [0, 1) with 1 devices per process, but the step has 0 GPUs"));
+  EXPECT_THAT(r.err, HasSubstr("needs GPUs [0, 1) with 1 devices per process, but this node has 0 GPUs"));
   EXPECT_FALSE(std::filesystem::exists(marker));
 }
 

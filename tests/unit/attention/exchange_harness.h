@@ -11,12 +11,17 @@
 #include <thread>
 #include <vector>
 
-#include "attention.h"
-#include "communicator.h"
-#include "exchange.h"
+#include "dew/attention.h"
+#include "dew/comm.h"
+#include "dew/exchange.h"
 #include "reference.h"
 
 namespace dew::attention::testing {
+
+using comm::GlooOptions;
+using comm::KeyValue;
+using comm::local_key_value;
+using comm::make_gloo_communicator;
 
 // One device's shards and results.
 template <typename T>

@@ -12,9 +12,9 @@
 #include <string>
 #include <thread>
 
-#include "attention.h"
-#include "communicator.h"
-#include "exchange.h"
+#include "dew/attention.h"
+#include "dew/comm.h"
+#include "dew/exchange.h"
 #include "exchange_harness.h"
 #include "reference.h"
 

@@ -11,7 +11,7 @@
 #include <numeric>
 #include <string>
 
-#include "attention.h"
+#include "dew/attention.h"
 #include "reference.h"
 
 namespace {

@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "attention.h"
+#include "dew/attention.h"
 
 namespace dew::attention::testing {
 

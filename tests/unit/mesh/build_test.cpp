@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "mesh.h"
+#include "dew/mesh.h"
 
 namespace dew::mesh {
 namespace {

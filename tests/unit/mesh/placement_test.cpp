@@ -11,7 +11,7 @@
 #include <random>
 #include <set>
 
-#include "mesh.h"
+#include "dew/mesh.h"
 
 namespace dew::mesh {
 namespace {

@@ -3,7 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "mesh.h"
+#include "dew/mesh.h"
 
 namespace dew::mesh {
 namespace {

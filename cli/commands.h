@@ -1,0 +1,36 @@
+// The subcommands of the `dew` command, one registration function each, and
+// what they share.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string_view>
+
+#include "dew/result.h"
+
+namespace dew::cli {
+
+// `dew topo`: the node's GPU topology (topo_command.cpp).
+void add_topo_command(CLI::App& app);
+// `dew mesh`: a device mesh for a MeshSpec (mesh_command.cpp).
+void add_mesh_command(CLI::App& app);
+// `dew env`: the resolved pool identity and JAX variables (env_command.cpp).
+void add_env_command(CLI::App& app);
+// `dew attention-plan`: the sequence-parallel exchange for an attention call (attention_plan_command.cpp).
+void add_attention_plan_command(CLI::App& app);
+// `dew attention-check`: sequence-parallel attention across this pool, checked and timed
+// (attention_check_command.cpp).
+void add_attention_check_command(CLI::App& app);
+// `dew launch`: start a pool on hosts over ssh, locally or under srun (launch_command.cpp,
+// launch_supervisor.cpp).
+void add_launch_command(CLI::App& app);
+
+// From here on, every line the subcommand logs starts with "dew <name>: ".
+void start_command(std::string_view name);
+
+// Logs the error's line and returns `code` (1: the command failed; 2: bad usage).
+int report(const Error& error, int code = 1);
+
+// Flushes and exits with `code`: a subcommand's own exit code, not CLI11's.
+[[noreturn]] void finish(int code);
+
+}  // namespace dew::cli

@@ -1,0 +1,154 @@
+// `dew env`: who this process would be in its pool, and what a JAX script
+// here would be told: the first thing to run inside a misbehaving srun.
+// It resolves the identity exactly as join() does (PMIx included) but
+// starts no service and meets no peer.
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "dew/pool.h"
+#include "dew/text.h"
+
+namespace dew::cli {
+namespace {
+
+struct EnvOptions {
+  bool json = false;
+  bool multi_host = false;
+};
+
+// Everything `dew env` shows, resolved.
+struct Report {
+  runtime::Identity id;
+  runtime::Settings settings;
+  bool has_secret = false;
+  std::string backend = "none (one process alone)";
+  std::string coordinator;  // host:port, or empty
+  std::string problem;      // why join() would refuse, or empty
+  nlohmann::json jax = nlohmann::json::object();        // jax.distributed.initialize's arguments
+  nlohmann::json variables = nlohmann::json::object();  // the variables a JAX script sees
+};
+
+std::string seconds(std::chrono::milliseconds duration) {
+  return seconds_text(std::chrono::duration<double>(duration).count());
+}
+
+bool shown_variable(const std::string& name) {
+  return name.rfind("JAX_", 0) == 0 || name.rfind("DEW_", 0) == 0 || name == "XLA_FLAGS" ||
+         name == "CUDA_VISIBLE_DEVICES" || name.rfind("NCCL_", 0) == 0;
+}
+
+Result<Report> resolve(const EnvOptions& options) {
+  const auto env = runtime::current_environment();
+  runtime::JoinOptions join;
+  join.multi_host = options.multi_host;
+  auto id = runtime::describe_identity(env, join);
+  if (!id.ok()) return id.error();
+  auto settings = runtime::resolve_settings(env, join);
+  if (!settings.ok()) return settings.error();
+  Report r;
+  r.id = id.value();
+  r.settings = settings.value();
+  const runtime::Identity& i = r.id;
+  const bool pooled = i.size > 1 && i.source != runtime::PoolSource::kAlone;
+  r.has_secret = env.count("DEW_POOL_SECRET") && !env.at("DEW_POOL_SECRET").empty();
+  r.coordinator = i.coordinator ? i.coordinator->text() : "";
+  if (pooled) {
+    r.backend = i.pmix ? "pmix+tcp: all_gather over PMIx fences; agreements, key-value and failures over process 0's "
+                         "coordination service (address and secret shared over PMIx)"
+                       : "tcp: process 0's coordination service";
+    if (!i.pmix && !i.coordinator) r.problem = "no coordinator: join() will refuse; set DEW_COORDINATOR_ADDRESS=host:port";
+    if (!i.pmix && !r.has_secret) {
+      r.problem = "DEW_POOL_SECRET is not set: join() will refuse (srun --dew-pool and dew launch set it)";
+    }
+    if (!r.coordinator.empty()) r.jax["coordinator_address"] = r.coordinator;
+    r.jax["num_processes"] = i.size;
+    r.jax["process_id"] = i.rank;
+  }
+  for (const auto& [name, value] : env) {
+    if (!shown_variable(name)) continue;
+    r.variables[name] = name == "DEW_POOL_SECRET" ? "(set, " + std::to_string(value.size()) + " characters)" : value;
+  }
+  return r;
+}
+
+void print_json(const Report& r) {
+  const runtime::Identity& id = r.id;
+  const nlohmann::json out = {
+      {"source", std::string(runtime::source_name(id.source))},
+      {"why", id.why},
+      {"rank", id.rank},
+      {"size", id.size},
+      {"local_rank", id.local_rank},
+      {"local_size", id.local_size},
+      {"node", id.node},
+      {"hostname", id.hostname},
+      {"coordinator", r.coordinator.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.coordinator)},
+      {"coordinator_from", id.coordinator_from},
+      {"backend", r.backend.substr(0, r.backend.find(':'))},
+      {"pool_secret", r.has_secret},
+      {"agreement_patience_seconds", r.settings.agreement_patience.count() / 1000.0},
+      {"heartbeat_timeout_seconds", r.settings.heartbeat_timeout.count() / 1000.0},
+      {"failure_grace_seconds", r.settings.failure_grace.count() / 1000.0},
+      {"jax_distributed_initialize", r.jax},
+      {"variables", r.variables},
+      {"problem", r.problem.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.problem)},
+  };
+  std::cout << out.dump(2) << "\n";
+}
+
+void print_text(const Report& r) {
+  const runtime::Identity& id = r.id;
+  std::cout << "source:       " << runtime::source_name(id.source) << " (" << id.why << ")\n"
+            << "process:      " << id.rank << " of " << id.size << "\n"
+            << "local:        " << id.local_rank << " of " << id.local_size << " on node " << id.node << " ("
+            << id.hostname << ")\n"
+            << "coordinator:  " << (r.coordinator.empty() ? "none" : r.coordinator)
+            << (id.coordinator_from.empty() ? "" : " (from " + id.coordinator_from + ")") << "\n"
+            << "backend:      " << r.backend << "\n"
+            << "pool secret:  " << (r.has_secret ? "set (DEW_POOL_SECRET)" : "not set") << "\n"
+            << "patience:     agreements " << seconds(r.settings.agreement_patience) << ", heartbeats "
+            << seconds(r.settings.heartbeat_timeout) << ", failure grace " << seconds(r.settings.failure_grace) << "\n"
+            << "jax.distributed.initialize(" << (r.jax.empty() ? "): not called, one process alone" : "");
+  if (!r.jax.empty()) {
+    std::vector<std::string> args;
+    for (const auto& [key, value] : r.jax.items()) args.push_back(key + "=" + value.dump());
+    std::cout << join(args, ", ") << ")";
+  }
+  std::cout << "\nvariables:\n";
+  for (const auto& [name, value] : r.variables.items()) std::cout << "  " << name << "=" << value.get<std::string>() << "\n";
+}
+
+int run(const EnvOptions& options) {
+  auto report_or = resolve(options);
+  if (!report_or.ok()) return report(report_or.error());
+  const Report& r = report_or.value();
+  if (options.json) {
+    print_json(r);
+  } else {
+    print_text(r);
+  }
+  if (r.problem.empty()) return 0;
+  // The JSON carries it too; people reading the text get the line.
+  if (!options.json) report(invalid_argument(r.problem));
+  return 1;
+}
+
+}  // namespace
+
+void add_env_command(CLI::App& app) {
+  auto options = std::make_shared<EnvOptions>();
+  CLI::App* command = app.add_subcommand(
+      "env",
+      "Show who this process is in its pool (rank, size, source: PMIx, Open MPI, Slurm, dew variables), its "
+      "coordinator, and what jax.distributed would be given; joins nothing. Exits 1 when join() would refuse");
+  command->add_flag("--multi-host", options->multi_host, "Treat a one-task Slurm step as a pool of one (multi_host)");
+  command->add_flag("--json", options->json, "Print JSON for programs");
+  command->callback([options] {
+    start_command("env");
+    if (const int code = run(*options); code != 0) throw CLI::RuntimeError(code);
+  });
+}
+
+}  // namespace dew::cli

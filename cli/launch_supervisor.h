@@ -1,0 +1,68 @@
+// `dew launch`'s supervisor: runs the started processes to their end,
+// writes their output lines with their rank, and stops them all at the first
+// failure or at Ctrl-C / SIGTERM / SIGHUP.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dew/launch_plan.h"
+#include "dew/process.h"
+
+namespace dew::cli {
+
+// One started process and the state of its output.
+struct Running {
+  int rank = 0;  // -1: srun, whose lines carry their own labels
+  std::string host;
+  bool remote = false;
+  Child io;
+  bool alive = true;
+  int status = 0;
+  launch::LineSplitter out_lines, err_lines;
+};
+
+class Supervisor {
+ public:
+  // `grace`: how long a stopped process has between SIGTERM and SIGKILL.
+  // Blocks SIGCHLD, SIGINT, SIGTERM and SIGHUP for this process: the
+  // supervisor reads them from a signalfd.
+  explicit Supervisor(std::chrono::milliseconds grace);
+  Supervisor(const Supervisor&) = delete;
+  Supervisor& operator=(const Supervisor&) = delete;
+
+  void add(Running process);
+  // Runs until every process has ended; returns the launcher's exit code:
+  // the failing process's (its code, or 128 + signal), 128 + signal for a
+  // signal the launcher received, else 0.
+  int run();
+  // Stops every process: SIGTERM, then SIGKILL after the grace (run() waits).
+  void stop();
+
+ private:
+  bool any_alive() const;
+  int open_streams() const;
+  void emit(const Running& p, bool err, const std::string& line);
+  void pump(Running& p, bool err);
+  void handle_signals();
+  std::vector<Running*> collect();
+  void reap();
+  void report(const Running& p);
+  void signal_all(int signo);
+
+  std::chrono::milliseconds grace_;
+  int signal_fd_ = -1;
+  bool stopping_ = false;
+  int exit_code_ = 0;
+  std::vector<std::unique_ptr<Running>> processes_;
+};
+
+// One whole line on a stream with a single write().
+void write_all(int fd, const std::string& text);
+
+// "passwordless ssh must work: check that `ssh -o BatchMode=yes HOST true` succeeds".
+std::string ssh_hint(const std::string& host);
+
+}  // namespace dew::cli

@@ -1,0 +1,51 @@
+// The `dew` command: one binary, one subcommand per job.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+
+#include "commands.h"
+#include "dew/log.h"
+
+namespace dew::cli {
+
+void start_command(std::string_view name) { set_log_prefix("dew " + std::string(name) + ": "); }
+
+int report(const Error& error, int code) {
+  log_error(error.message);
+  return code;
+}
+
+void finish(int code) {
+  std::cout.flush();
+  std::cerr.flush();
+  std::exit(code);
+}
+
+}  // namespace dew::cli
+
+int main(int argc, char** argv) {
+  dew::set_log_prefix("dew: ");
+  // A bad DEW_LOG_LEVEL is a usage error before anything runs.
+  if (auto level = dew::configure_log_level_from_env(); !level.ok()) return dew::cli::report(level.error(), 2);
+  CLI::App app{"Dew: start, lay out and fail well on multi-node training pools", "dew"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("dew ") + DEW_VERSION);
+  app.footer("Environment: DEW_LOG_LEVEL=trace|debug|info|warn|error|off sets which lines dew and libdew write "
+             "to stderr (default info).");
+  dew::cli::add_topo_command(app);
+  dew::cli::add_mesh_command(app);
+  dew::cli::add_env_command(app);
+  dew::cli::add_attention_plan_command(app);
+  dew::cli::add_attention_check_command(app);
+  dew::cli::add_launch_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // Help and version are 0 and a subcommand's own failure is 1 (its line
+    // is already printed); every usage error is 2, whatever CLI11 numbers it.
+    const int code = app.exit(e);
+    return code == 0 || code == 1 ? code : 2;
+  }
+  return 0;
+}

@@ -1,0 +1,198 @@
+// `dew mesh`: the device mesh for a MeshSpec over a topology file, this
+// machine, or a CPU pool of P processes x D devices, as text or JSON.
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "dew/mesh.h"
+#include "dew/topology.h"
+
+namespace dew::cli {
+namespace {
+
+// A CPU pool's bandwidth matrix is n x n: bound it well below what memory
+// allows, and above any rehearsal pool.
+constexpr int kMaxPoolDevices = 4096;
+
+struct MeshOptions {
+  std::string spec;
+  std::string topology;
+  int processes = 0;
+  int devices_per_process = 0;
+  std::string devices;
+  bool json = false;
+};
+
+// The topology's GPUs as one process and one granule (the file's).
+mesh::DeviceGraph graph_of(const topology::Topology& machine) {
+  mesh::DeviceGraph graph;
+  for (const topology::Gpu& gpu : machine.gpus) graph.devices.push_back({gpu.index, 0, machine.granule});
+  graph.bandwidth = machine.bandwidth_gbps;
+  return graph;
+}
+
+Result<std::vector<int>> parse_devices(const std::string& text) {
+  std::vector<int> ids;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', start), text.size());
+    const std::string entry = text.substr(start, comma - start);
+    start = comma + 1;
+    long long id = 0;
+    bool digits = !entry.empty() && entry.size() <= 9;
+    for (const char c : entry) {
+      digits = digits && c >= '0' && c <= '9';
+      id = id * 10 + (c - '0');
+    }
+    if (!digits) {
+      return invalid_argument("--devices: '" + entry + "' in '" + text +
+                   "' is not allowed; allowed: device ids (whole numbers >= 0) separated by commas, such as "
+                   "0,2,1,3");
+    }
+    ids.push_back(static_cast<int>(id));
+  }
+  return ids;
+}
+
+Result<mesh::DeviceGraph> load_graph(const MeshOptions& options) {
+  if (options.processes != 0 || options.devices_per_process != 0) {
+    if (options.processes < 1 || options.devices_per_process < 1 ||
+        options.processes > kMaxPoolDevices / options.devices_per_process) {
+      return invalid_argument("--processes " + std::to_string(options.processes) + " x --devices-per-process " +
+                   std::to_string(options.devices_per_process) +
+                   " is not allowed; allowed: whole numbers >= 1 with at most " + std::to_string(kMaxPoolDevices) +
+                   " devices in all");
+    }
+    return mesh::cpu_pool(options.processes, options.devices_per_process);
+  }
+  auto loaded =
+      options.topology.empty() ? topology::detect_topology() : topology::load_topology_file(options.topology);
+  if (!loaded.ok()) return loaded.error();
+  if (loaded.value().gpus.empty()) {
+    return unavailable((options.topology.empty() ? std::string("this machine") : options.topology) +
+                 " has no GPUs to lay out; give --topology FILE for another machine, or --processes P "
+                 "--devices-per-process D for a CPU pool");
+  }
+  return graph_of(loaded.value());
+}
+
+std::string list(const std::vector<int>& values) {
+  std::string out;
+  for (const int value : values) out += (out.empty() ? "" : " ") + std::to_string(value);
+  return "[" + out + "]";
+}
+
+std::string gbps(double value) {
+  if (!std::isfinite(value)) return "-";
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "%g", value);
+  return buffer;
+}
+
+std::string shape_text(const mesh::MeshShape& shape) {
+  std::string out;
+  for (int a = 0; a < mesh::kAxisCount; ++a) {
+    if (shape[a] > 1)
+      out += (out.empty() ? "" : " ") + std::string(mesh::kMeshAxes[a]) + "=" + std::to_string(shape[a]);
+  }
+  return out.empty() ? "one device" : out;
+}
+
+void print_text(const mesh::Mesh& mesh, std::ostream& out) {
+  out << "mesh      " << shape_text(mesh.shape) << " (" << mesh.devices.size()
+      << " devices), replicas=" << mesh.replicas << "\n";
+  out << "layout    " << mesh::layout_name(mesh.layout);
+  if (mesh.layout == mesh::Layout::kExplicit) {
+    out << ": the given device order\n";
+  } else {
+    std::string names;
+    for (const auto& name : mesh.granules) names += (names.empty() ? "" : " ") + name;
+    out << " (" << (mesh.exact ? "exact" : "heuristic") << " placement): " << mesh.granules.size()
+        << (mesh.granules.size() == 1 ? " granule" : " granules") << " of " << shape_text(mesh.granule_shape) << " ("
+        << names << ")\n";
+  }
+  out << "devices   " << list(mesh.devices) << "\n";
+  out << "processes " << list(mesh.processes) << "\n";
+  out << "groups    per axis: devices -> processes\n";
+  for (int a = 0; a < mesh::kAxisCount; ++a) {
+    if (mesh.shape[a] < 2) continue;
+    std::ostringstream line;
+    line << "  " << mesh::kMeshAxes[a] << "=" << mesh.shape[a] << ":";
+    for (std::size_t g = 0; g < mesh.groups[a].devices.size(); ++g) {
+      line << "  " << list(mesh.groups[a].devices[g]) << " -> " << list(mesh.groups[a].processes[g]);
+    }
+    out << line.str() << "\n";
+  }
+  out << "score     slowest link per axis in GB/s, innermost first: this layout | plain id order\n";
+  for (int a = mesh::kAxisCount - 1; a >= 0; --a) {
+    if (mesh.shape[a] < 2) continue;
+    out << "  " << mesh::kMeshAxes[a] << ": " << gbps(mesh.score.bottleneck[a]) << " | "
+        << gbps(mesh.id_order_score.bottleneck[a]) << "\n";
+  }
+  for (const auto& note : mesh.notes) out << "note      " << note << "\n";
+}
+
+int run(const MeshOptions& options) {
+  const auto fail = [](const Error& error) { return report(error); };
+  auto spec = mesh::parse_mesh_spec(options.spec);
+  if (!spec.ok()) return fail(spec.error());
+  std::optional<std::vector<int>> order;
+  if (!options.devices.empty()) {
+    auto ids = parse_devices(options.devices);
+    if (!ids.ok()) return fail(ids.error());
+    order = ids.value();
+  }
+  auto graph = load_graph(options);
+  if (!graph.ok()) return fail(graph.error());
+  auto built = mesh::build_mesh(spec.value(), graph.value(), order);
+  if (!built.ok()) return fail(built.error());
+  if (options.json) {
+    std::cout << mesh::mesh_to_json(built.value()) << "\n";
+  } else {
+    print_text(built.value(), std::cout);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_mesh_command(CLI::App& app) {
+  auto options = std::make_shared<MeshOptions>();
+  CLI::App* command = app.add_subcommand(
+      "mesh",
+      "Lay a device mesh out for a MeshSpec: which device sits at each coordinate, the groups of every axis "
+      "and the processes they span, and the slowest link per axis beside the plain id order's");
+  command
+      ->add_option("--spec", options->spec,
+                   "Axis sizes and replicas: {\"fsdp\": 2, \"replicas\": 2} or fsdp=2,replicas=2 (axes data, stage, "
+                   "fsdp, expert, tensor, sequence; unset axes are 1, data takes the devices left over; "
+                   "replicas > 1 for hybrid sharding)")
+      ->required();
+  CLI::Option* topology = command->add_option(
+      "--topology", options->topology,
+      "Plan for the machine this file describes (hwloc XML, NCCL topology XML, saved nvidia-smi topo -m); "
+      "default: this machine");
+  CLI::Option* processes = command->add_option("--processes", options->processes,
+                                               "A CPU pool of this many processes (with --devices-per-process)");
+  CLI::Option* per_process = command->add_option("--devices-per-process", options->devices_per_process,
+                                                 "Devices of each process in the CPU pool");
+  processes->needs(per_process);
+  per_process->needs(processes);
+  topology->excludes(processes);
+  topology->excludes(per_process);
+  command->add_option("--devices", options->devices,
+                      "Fill the mesh row-major in exactly this device order, such as 0,2,1,3 (no placement)");
+  command->add_flag("--json", options->json, "Print JSON for programs");
+  command->callback([options] {
+    start_command("mesh");
+    if (const int code = run(*options); code != 0) throw CLI::RuntimeError(code);
+  });
+}
+
+}  // namespace dew::cli

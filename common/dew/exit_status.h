@@ -1,0 +1,28 @@
+// How processes of a pool end, as the plugin, `dew launch` and the pool
+// itself name it: the exit codes Dew gives, and a wait status in words.
+#pragma once
+
+#include <string>
+
+namespace dew {
+
+// A process that ends because another process of its pool failed (EX_TEMPFAIL:
+// it did nothing wrong itself). Launchers never name such a process as the
+// cause of a failure when another one is there to name.
+inline constexpr int kPeerFailedExitCode = 75;
+// A process whose StepWatchdog expired (as timeout(1)).
+inline constexpr int kWatchdogExitCode = 124;
+
+// A raw wait status in words: "exit code 3", "signal 9 (SIGKILL)".
+std::string describe_wait_status(int wait_status);
+
+// Anything but a normal exit with code 0.
+bool is_bad_exit(int wait_status);
+
+// A normal exit with kPeerFailedExitCode.
+bool is_peer_failure(int wait_status);
+
+// The code a shell would report for it: the exit code, or 128 + signal.
+int exit_code_of(int wait_status);
+
+}  // namespace dew

@@ -1,0 +1,46 @@
+// Per-process GPU binding: split the GPUs a node gives a job between its
+// local processes. The plugin applies it to a step's tasks, `dew launch
+// --devices-per-process` to the processes it starts on each host.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "dew/result.h"
+
+namespace dew {
+
+struct GpuBindingInput {
+  // CUDA_VISIBLE_DEVICES as the node gives it (Slurm's for the step, or
+  // inherited); nullopt when unset. Tokens (indices or UUIDs) are opaque.
+  std::optional<std::string> visible_devices;
+  // The node's GPU count, for when visible_devices is unset: indices
+  // 0..count-1 are then the node's GPUs. nullopt: unknown (none).
+  std::optional<unsigned> gpu_count;
+  // Slurm bound GPUs per task itself (--gpus-per-task, --gpu-bind).
+  bool bound_by_slurm = false;
+  unsigned local_process = 0;
+  unsigned local_process_count = 1;
+  std::optional<unsigned> devices_per_process;
+  // Where the GPUs are, for the error: "this node", "host node1".
+  std::string place = "this node";
+};
+
+struct GpuBinding {
+  // The process's CUDA_VISIBLE_DEVICES; nullopt: leave it as it is.
+  std::optional<std::string> visible_devices;
+  // JAX_LOCAL_DEVICE_IDS, 0..n-1; nullopt when the process has no GPUs.
+  std::optional<std::string> local_device_ids;
+};
+
+// Local process L with N devices per process takes the visible tokens
+// [L*N, (L+1)*N). Too few GPUs is an error (kInvalidArgument) giving the
+// counts; Slurm's own binding, or no devices_per_process, keeps what the
+// process sees.
+Result<GpuBinding> bind_gpus(const GpuBindingInput& input);
+
+// Whether Slurm has already bound GPUs per task, from SLURMD_TRES_BIND and
+// SLURM_GPUS_PER_TASK as slurmstepd passes them to the task.
+bool slurm_bound_gpus(const std::optional<std::string>& tres_bind, const std::optional<std::string>& gpus_per_task);
+
+}  // namespace dew

@@ -1,0 +1,73 @@
+#include "dew/gpu_binding.h"
+
+#include <vector>
+
+#include "dew/text.h"
+
+namespace dew {
+namespace {
+
+std::vector<std::string> slice(const std::vector<std::string>& tokens, std::size_t first, std::size_t count) {
+  return {tokens.begin() + static_cast<std::ptrdiff_t>(first),
+          tokens.begin() + static_cast<std::ptrdiff_t>(first + count)};
+}
+
+std::optional<std::string> local_ids(std::size_t count) {
+  if (count == 0) return std::nullopt;
+  std::vector<std::string> ids;
+  for (std::size_t i = 0; i < count; ++i) ids.push_back(std::to_string(i));
+  return join(ids, ",");
+}
+
+// The node's GPUs as tokens: the visible list, else indices 0..count-1.
+Result<std::vector<std::string>> node_tokens(const GpuBindingInput& input) {
+  // Slurm writes NoDevFiles when a step has a GPU gres without device files.
+  if (input.visible_devices) {
+    if (input.visible_devices->empty() || *input.visible_devices == "NoDevFiles") return std::vector<std::string>{};
+    auto tokens = split(*input.visible_devices, ',');
+    for (const auto& token : tokens) {
+      if (token.empty()) {
+        return invalid_argument("CUDA_VISIBLE_DEVICES=" + quoted(*input.visible_devices) +
+                                " has an empty entry; allowed: a comma-separated list of GPU indices or UUIDs");
+      }
+    }
+    return tokens;
+  }
+  std::vector<std::string> tokens;
+  for (unsigned i = 0; i < input.gpu_count.value_or(0); ++i) tokens.push_back(std::to_string(i));
+  return tokens;
+}
+
+}  // namespace
+
+bool slurm_bound_gpus(const std::optional<std::string>& tres_bind, const std::optional<std::string>& gpus_per_task) {
+  // --gpu-bind leaves "gpu:<how>" in SLURMD_TRES_BIND; --gpus-per-task binds
+  // per task too (Slurm >= 21.08 implies --gpu-bind=per_task:N).
+  const bool bind = tres_bind && tres_bind->find("gpu:") != std::string::npos;
+  const bool per_task = gpus_per_task && !gpus_per_task->empty();
+  return bind || per_task;
+}
+
+Result<GpuBinding> bind_gpus(const GpuBindingInput& input) {
+  auto tokens = node_tokens(input);
+  if (!tokens.ok()) return tokens.error();
+  const auto& all = tokens.value();
+  // Slurm's own binding wins: the task keeps exactly what Slurm gave it.
+  if (input.bound_by_slurm || !input.devices_per_process) return GpuBinding{std::nullopt, local_ids(all.size())};
+  const std::size_t per_process = *input.devices_per_process;
+  const std::size_t first = static_cast<std::size_t>(input.local_process) * per_process;
+  if (first + per_process > all.size()) {
+    // A list from another host can hold anything: the message stays one line.
+    const std::string seen = input.visible_devices ? "CUDA_VISIBLE_DEVICES=" + printable(*input.visible_devices)
+                                                   : "CUDA_VISIBLE_DEVICES unset";
+    return invalid_argument("local process " + std::to_string(input.local_process) + " of " +
+                            std::to_string(input.local_process_count) + " needs GPUs [" + std::to_string(first) +
+                            ", " + std::to_string(first + per_process) + ") with " + std::to_string(per_process) +
+                            " devices per process, but " + input.place + " has " + std::to_string(all.size()) +
+                            " GPUs (" + seen + "); " + std::to_string(input.local_process_count) +
+                            " processes need " + std::to_string(per_process * input.local_process_count));
+  }
+  return GpuBinding{join(slice(all, first, per_process), ","), local_ids(per_process)};
+}
+
+}  // namespace dew

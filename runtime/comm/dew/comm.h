@@ -1,0 +1,185 @@
+// Collectives over one group of devices (one mesh axis group), and making
+// them from the runtime pool and a mesh (namespace dew::comm).
+//
+//   Communicator        all_to_all, all_gather, reduce_scatter and all_reduce
+//                       (sums in rank order, fp32 or fp64), broadcast, barrier
+//   make_gloo_communicator   one Gloo rank over TCP, its rendezvous through a
+//                       KeyValue store (put, get)
+//   make_nccl_communicator   (dew/nccl.h, built where CUDA is) one NCCL rank on
+//                       one GPU, its unique id through the store
+//   local_key_value     an in-process store, for ranks that are threads of
+//                       one process and no pool (tests, benchmarks)
+//
+// Per mesh axis, from the pool and a mesh:
+//
+//   auto pool = dew::runtime::join();
+//   auto mesh = dew::mesh::build_mesh(spec, dew::mesh::cpu_pool(pool.size(), 2));
+//   // one thread per local device d:
+//   auto comm = dew::comm::make_axis_communicator(pool, mesh.value(), dew::mesh::Axis::kSequence, d);
+//
+//   axis_member            pure: a device's group on an axis, its rank there,
+//                          and the key prefix its group's rendezvous uses
+//   pool_key_value         the pool's key-value exchange as a KeyValue
+//   reachable_address      the address peers reach this process at: the one
+//                          this host routes to the pool's coordinator from
+//   axis_rendezvous        the rank, size, store and key prefix of one round
+//                          of a group, for any backend (Gloo, NCCL)
+//   make_axis_communicator a Gloo communicator for the device's group
+//
+// Every call of a Communicator is collective: every rank of the group makes
+// it, in the same order, with the same sizes. Failures (a peer gone, a
+// timeout, sizes that do not fit) come back as Errors, never as exceptions.
+// Every process makes the communicators of its own devices, each device's
+// call on its own thread, at the same point of the program; making one again
+// later for the same device and group is allowed (each is a numbered round).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dew/mesh.h"
+#include "dew/pool.h"
+#include "dew/result.h"
+
+namespace dew::comm {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // send holds size() equal chunks; chunk i goes to rank i, and recv's chunk
+  // i comes from rank i. Both spans have the same length in bytes.
+  virtual Result<Done> all_to_all_bytes(std::span<const std::byte> send, std::span<std::byte> recv) = 0;
+  // recv (size() x send's length) holds every rank's send, in rank order.
+  virtual Result<Done> all_gather_bytes(std::span<const std::byte> send, std::span<std::byte> recv) = 0;
+  // data becomes rank `root`'s data on every rank. The default gathers every
+  // rank's bytes and keeps the root's; backends use their own.
+  virtual Result<Done> broadcast_bytes(std::span<std::byte> data, int root);
+  virtual Result<Done> barrier() = 0;
+
+  template <typename T>
+  Result<Done> all_to_all(std::span<const T> send, std::span<T> recv) {
+    if (auto bad = check_all_to_all(send.size(), recv.size(), "values")) return *bad;
+    return all_to_all_bytes(std::as_bytes(send), std::as_writable_bytes(recv));
+  }
+  template <typename T>
+  Result<Done> all_gather(std::span<const T> send, std::span<T> recv) {
+    return all_gather_bytes(std::as_bytes(send), std::as_writable_bytes(recv));
+  }
+  template <typename T>
+  Result<Done> broadcast(std::span<T> data, int root) {
+    return broadcast_bytes(std::as_writable_bytes(data), root);
+  }
+  // send holds size() equal chunks; recv (one chunk) becomes the sum over the
+  // ranks of their chunk rank(), added in rank order in T (float: fp32
+  // accumulation). Sends what a ring reduce-scatter sends: (size-1)/size of
+  // send. Virtual so a backend can use its own: NCCL's (dew/nccl.h) adds in
+  // T too, but in NCCL's order, which is rank order only up to 2 ranks.
+  virtual Result<Done> reduce_scatter(std::span<const float> send, std::span<float> recv);
+  virtual Result<Done> reduce_scatter(std::span<const double> send, std::span<double> recv);
+  // data becomes the sum over the ranks of their data, in place: each element
+  // added in rank order in T, so every rank holds the same bits, equal to a
+  // sum over the ranks' values in rank order on one process. A reduce-scatter
+  // then an all-gather: 2(size-1)/size of data sent.
+  virtual Result<Done> all_reduce(std::span<float> data);
+  virtual Result<Done> all_reduce(std::span<double> data);
+
+ protected:
+  // The size rules every backend checks first: an Error (kInvalidArgument)
+  // naming the sizes, or nullopt. `unit` is "bytes" or "values".
+  std::optional<Error> check_all_to_all(std::size_t send, std::size_t recv, const char* unit) const;
+  std::optional<Error> check_all_gather(std::size_t send, std::size_t recv, const char* unit) const;
+  std::optional<Error> check_reduce_scatter(std::size_t send, std::size_t recv) const;
+};
+
+// A key-value store as two functions: put(key, value) publishes, get(key)
+// waits for the key (up to the timeout the store keeps) and returns its
+// value, or an Error (kTimeout naming the key, or the pool's own).
+struct KeyValue {
+  std::function<void(const std::string&, const std::vector<char>&)> put;
+  std::function<Result<std::vector<char>>(const std::string&)> get;
+};
+
+// A store in this process's memory, shared by every copy of the returned
+// value, so ranks running as threads of one process can rendezvous. get
+// waits up to `timeout` for a key.
+KeyValue local_key_value(std::chrono::milliseconds timeout = std::chrono::seconds(30));
+
+struct GlooOptions {
+  int rank = 0;
+  int size = 1;
+  KeyValue store;
+  // Keys are prefixed with this, so several groups can share one store.
+  std::string prefix = "dew/comm";
+  // The address this rank listens on and peers reach it at.
+  std::string hostname = "127.0.0.1";
+  std::chrono::milliseconds timeout = std::chrono::seconds(30);
+};
+
+// Connects this rank to every other rank of the group over TCP (Gloo's full
+// mesh); every rank calls it at the same time.
+Result<std::unique_ptr<Communicator>> make_gloo_communicator(const GlooOptions& options);
+
+// ------------------------------------------------------------ mesh axes ---
+
+struct AxisMember {
+  int group = 0;             // the group's index among the axis's groups
+  int rank = 0;              // the device's position in its group
+  int size = 1;              // devices in the group
+  std::vector<int> devices;  // the group's device ids, in rank order
+  // "dew/comm/<axis>/<group>-<digest of the group's ids>": groups with other
+  // devices (of another mesh) never share keys.
+  std::string prefix;
+};
+
+// Errors (kNotFound) name the device and the mesh's ids when the device is
+// not in it.
+Result<AxisMember> axis_member(const mesh::Mesh& mesh, mesh::Axis axis, int device_id);
+
+// put publishes under `key`; get waits up to `timeout` and returns an Error
+// (kTimeout) naming the key when it does not come. It refers to `pool`,
+// which must outlive it (and the communicators made with it).
+KeyValue pool_key_value(runtime::Pool& pool, std::chrono::milliseconds timeout);
+
+// The local address of a route to the pool's coordinator (no packet is
+// sent): every peer reached the coordinator, so this host is reachable at
+// it. 127.0.0.1 for a pool without a coordinator (one process).
+Result<std::string> reachable_address(const runtime::Identity& identity);
+
+// What any backend's rendezvous needs for device `device_id`'s group on
+// `axis`: its rank and size, the pool's store, and this round's key prefix
+// (each call is a new round for this device and group). For NCCL:
+//   auto r = axis_rendezvous(pool, mesh, Axis::kSequence, device, 30s);
+//   make_nccl_communicator({.rank = r.value().member.rank, .size = r.value().member.size,
+//                           .device = local_gpu, .store = r.value().store, .prefix = r.value().prefix});
+// The device must sit on this process (mesh.processes).
+struct AxisRendezvous {
+  AxisMember member;
+  KeyValue store;
+  std::string prefix;
+};
+Result<AxisRendezvous> axis_rendezvous(runtime::Pool& pool, const mesh::Mesh& mesh, mesh::Axis axis, int device_id,
+                                       std::chrono::milliseconds timeout);
+
+struct AxisOptions {
+  // Where this device's Gloo rank listens; default reachable_address().
+  std::optional<std::string> hostname;
+  // Bounds the rendezvous and every collective.
+  std::chrono::milliseconds timeout = std::chrono::seconds(30);
+};
+
+// The Gloo communicator of device `device_id`'s group on `axis`. The device
+// must sit on this process (mesh.processes).
+Result<std::unique_ptr<Communicator>> make_axis_communicator(runtime::Pool& pool, const mesh::Mesh& mesh,
+                                                             mesh::Axis axis, int device_id,
+                                                             const AxisOptions& options = {});
+
+}  // namespace dew::comm

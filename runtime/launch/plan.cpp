@@ -1,0 +1,273 @@
+// dew launch's plan: the options checked, every process's environment and
+// command line, --dry-run's lines, and srun's command for --slurm.
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+#include <set>
+
+#include "dew/gpu_binding.h"
+#include "dew/launch_plan.h"
+#include "dew/text.h"
+
+namespace dew::launch {
+namespace {
+
+// Variables the launcher sets itself; --env may not set them.
+constexpr std::string_view kPoolVariables[] = {
+    "DEW_PROCESS_ID",          "DEW_PROCESS_COUNT",       "DEW_LOCAL_PROCESS_ID", "DEW_LOCAL_PROCESS_COUNT",
+    "DEW_COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS", "DEW_POOL_SECRET", "DEW_LINES_PREFIXED",
+};
+
+Error range_error(const std::string& option, long long value, int low, int high) {
+  return not_allowed(option, std::to_string(value),
+                     "a whole number from " + std::to_string(low) + " to " + std::to_string(high));
+}
+
+// The plugin's rule over one host's GPUs.
+Result<GpuBinding> bind_host_gpus(const LaunchOptions& options, const LaunchFacts& facts, const std::string& host,
+                                  int local) {
+  const auto found = facts.devices.find(host);
+  const HostDevices devices = found == facts.devices.end() ? HostDevices{} : found->second;
+  GpuBindingInput input;
+  input.visible_devices = devices.visible_devices;
+  input.gpu_count = devices.gpu_count;
+  input.local_process = static_cast<unsigned>(local);
+  input.local_process_count = static_cast<unsigned>(options.processes_per_host);
+  input.devices_per_process = static_cast<unsigned>(*options.devices_per_process);
+  input.place = host == kLocalHost ? "this machine" : "host " + host;
+  auto binding = bind_gpus(input);
+  if (!binding.ok()) return binding.error().prefixed("--devices-per-process: ");
+  return binding;
+}
+
+}  // namespace
+
+bool is_shell_name(std::string_view name) {
+  if (name.empty() || (name[0] >= '0' && name[0] <= '9')) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+  });
+}
+
+Result<std::vector<EnvVar>> parse_env_options(const std::vector<std::string>& entries, bool devices_per_process,
+                                              bool private_dirs) {
+  std::vector<EnvVar> out;
+  std::set<std::string> seen;
+  for (const auto& entry : entries) {
+    const auto equals = entry.find('=');
+    if (equals == std::string::npos) {
+      return invalid_argument("--env: " + shown(entry) +
+                              " is not allowed; allowed: NAME=VALUE, such as --env NCCL_P2P_DISABLE=1");
+    }
+    std::string name = entry.substr(0, equals);
+    if (!is_shell_name(name)) {
+      return invalid_argument("--env: the name " + shown(name) + " in " + shown(entry) +
+                   " is not allowed; allowed: a shell variable name (letters, digits and _, not starting with a "
+                   "digit)");
+    }
+    bool reserved = std::find(std::begin(kPoolVariables), std::end(kPoolVariables), name) != std::end(kPoolVariables);
+    const char* why = "dew launch sets it for every process";
+    if (devices_per_process && (name == "CUDA_VISIBLE_DEVICES" || name == "JAX_LOCAL_DEVICE_IDS")) {
+      reserved = true;
+      why = "--devices-per-process sets it";
+    }
+    if (private_dirs && (name == "HOME" || name == "DEW_CACHE_DIR")) {
+      reserved = true;
+      why = "--private-dirs sets it";
+    }
+    if (reserved) {
+      return invalid_argument("--env: '" + name + "' is not allowed: " + why + "; allowed: any other shell variable name");
+    }
+    if (!seen.insert(name).second) {
+      return invalid_argument("--env: '" + name + "' is given twice; allowed: each name once");
+    }
+    out.emplace_back(std::move(name), entry.substr(equals + 1));
+  }
+  return out;
+}
+
+Result<LaunchOptions> validate(LaunchOptions options) {
+  if (options.command.empty()) {
+    return invalid_argument("no command: give it after --, such as: dew launch --hosts node0 node1 -- /usr/bin/python3 train.py");
+  }
+  if (options.processes_per_host < 1 || options.processes_per_host > kMaxProcessesPerHost) {
+    return range_error("--processes-per-host", options.processes_per_host, 1, kMaxProcessesPerHost);
+  }
+  if (options.devices_per_process &&
+      (*options.devices_per_process < 1 || *options.devices_per_process > kMaxDevicesPerProcess)) {
+    return range_error("--devices-per-process", *options.devices_per_process, 1, kMaxDevicesPerProcess);
+  }
+  if (options.port && (*options.port < 1 || *options.port > 65535)) {
+    return range_error("--port", *options.port, 1, 65535);
+  }
+  if (options.hosts.size() > static_cast<std::size_t>(kMaxHosts)) {
+    return invalid_argument("--hosts: " + std::to_string(options.hosts.size()) + " hosts are not allowed; allowed: at most " +
+                 std::to_string(kMaxHosts));
+  }
+  std::set<std::string> seen;
+  for (const auto& host : options.hosts) {
+    const bool bad = host.empty() || host[0] == '-' || host.size() > 255 ||
+                     std::any_of(host.begin(), host.end(), [](unsigned char c) { return c <= ' ' || c == 0x7f; });
+    if (bad) {
+      return invalid_argument("--hosts: " + shown(host) +
+                   " is not allowed; allowed: a host name or address as ssh takes it (no spaces or control "
+                   "characters, not starting with -), or localhost");
+    }
+    if (!seen.insert(host).second) {
+      return invalid_argument("--hosts: '" + host +
+                   "' is listed twice; allowed: each host once (use --processes-per-host N "
+                   "for several processes on one host)");
+    }
+  }
+  if (!options.coordinator.empty()) {
+    const auto& host = options.coordinator;
+    if (host[0] == '-' || std::any_of(host.begin(), host.end(), [](unsigned char c) { return c <= ' '; })) {
+      return invalid_argument("--coordinator: " + shown(host) + " is not allowed; allowed: a host name or address");
+    }
+  }
+  if (options.private_dirs && !options.cwd.empty()) {
+    return invalid_argument("--cwd is not allowed with --private-dirs: each process then starts in a directory of its own");
+  }
+  if (options.slurm) {
+    if (!options.hosts.empty()) {
+      return invalid_argument("--hosts is not allowed with --slurm: srun runs on the nodes of the allocation");
+    }
+    if (options.private_dirs) {
+      return invalid_argument("--private-dirs is not allowed with --slurm: it is for rehearsals on plain machines");
+    }
+  }
+  return options;
+}
+
+std::vector<std::string> effective_hosts(const LaunchOptions& options) {
+  if (options.hosts.empty()) return {std::string(kLocalHost)};
+  return options.hosts;
+}
+
+bool all_local(const LaunchOptions& options) {
+  const auto hosts = effective_hosts(options);
+  return std::all_of(hosts.begin(), hosts.end(), [](const std::string& h) { return h == kLocalHost; });
+}
+
+std::string coordinator_host(const LaunchOptions& options, const std::string& local_hostname) {
+  if (!options.coordinator.empty()) return options.coordinator;
+  std::string first = effective_hosts(options).front();
+  if (first == kLocalHost) return all_local(options) ? "127.0.0.1" : local_hostname;
+  // ssh's user@host: the host part.
+  if (const auto at = first.rfind('@'); at != std::string::npos) first = first.substr(at + 1);
+  return first;
+}
+
+std::string coordinator_address(const std::string& host, const std::string& port) {
+  const bool ipv6 = host.find(':') != std::string::npos && host.front() != '[';
+  return (ipv6 ? "[" + host + "]" : host) + ":" + port;
+}
+
+Result<LaunchPlan> plan_launch(const LaunchOptions& options, const std::vector<EnvVar>& env,
+                               const LaunchFacts& facts) {
+  LaunchPlan plan;
+  const auto hosts = effective_hosts(options);
+  const int per_host = options.processes_per_host;
+  const int count = static_cast<int>(hosts.size()) * per_host;
+  const std::string port_text = facts.port_text.empty() ? std::to_string(facts.port) : facts.port_text;
+  plan.coordinator = host_port(coordinator_host(options, facts.local_hostname), port_text);
+  std::string cwd = options.cwd.empty() ? facts.launcher_cwd : options.cwd;
+  if (!cwd.empty() && cwd[0] != '/') cwd = facts.launcher_cwd + "/" + cwd;
+
+  for (std::size_t h = 0; h < hosts.size(); ++h) {
+    for (int local = 0; local < per_host; ++local) {
+      ProcessSpec p;
+      p.rank = static_cast<int>(h) * per_host + local;
+      p.local_rank = local;
+      p.host = hosts[h];
+      p.local = hosts[h] == kLocalHost;
+      p.env = {{"DEW_PROCESS_ID", std::to_string(p.rank)},
+               {"DEW_PROCESS_COUNT", std::to_string(count)},
+               {"DEW_LOCAL_PROCESS_ID", std::to_string(local)},
+               {"DEW_LOCAL_PROCESS_COUNT", std::to_string(per_host)},
+               {"DEW_COORDINATOR_ADDRESS", plan.coordinator},
+               {"JAX_COORDINATOR_ADDRESS", plan.coordinator},
+               {"DEW_POOL_SECRET", facts.secret},
+               // The launcher puts "[rank] " before every line: libdew then
+               // leaves its own prefix off.
+               {"DEW_LINES_PREFIXED", "1"}};
+      if (options.devices_per_process) {
+        auto binding = bind_host_gpus(options, facts, p.host, local);
+        if (!binding.ok()) return binding.error();
+        if (binding.value().visible_devices) p.env.emplace_back("CUDA_VISIBLE_DEVICES", *binding.value().visible_devices);
+        if (binding.value().local_device_ids) p.env.emplace_back("JAX_LOCAL_DEVICE_IDS", *binding.value().local_device_ids);
+      }
+      p.cwd = cwd;
+      if (options.private_dirs) {
+        const std::string base = facts.private_root + "/" + std::to_string(p.rank);
+        p.make_dirs = {base + "/work", base + "/home", base + "/cache"};
+        p.cwd = base + "/work";
+        p.env.emplace_back("HOME", base + "/home");
+        p.env.emplace_back("DEW_CACHE_DIR", base + "/cache");
+      }
+      p.env.insert(p.env.end(), env.begin(), env.end());
+      if (p.local) {
+        p.argv = options.command;
+      } else {
+        p.argv = ssh_prefix(options, p.host);
+        // Run by sh whatever the user's login shell is (bash, zsh, ksh, dash).
+        p.argv.push_back("sh -c " + shell_quote(remote_script(p.env, p.cwd, p.make_dirs, options.command)));
+      }
+      plan.processes.push_back(std::move(p));
+    }
+  }
+  return plan;
+}
+
+std::string dry_run_line(const ProcessSpec& process) {
+  std::string line = std::to_string(process.rank) + " " + process.host + ": ";
+  if (!process.local) return line + display_words(process.argv);
+  std::vector<std::string> words{"env", "-C", process.cwd};
+  for (const auto& [name, value] : process.env) words.push_back(name + "=" + value);
+  words.insert(words.end(), process.argv.begin(), process.argv.end());
+  return line + display_words(words);
+}
+
+bool srun_has_dew_pool(std::string_view srun_help) {
+  std::size_t at = 0;
+  while ((at = srun_help.find("--dew-pool", at)) != std::string_view::npos) {
+    const std::size_t end = at + std::strlen("--dew-pool");
+    const bool word_end = end == srun_help.size() || !(std::isalnum(static_cast<unsigned char>(srun_help[end])) ||
+                                                       srun_help[end] == '-' || srun_help[end] == '_');
+    if (word_end) return true;
+    at = end;
+  }
+  return false;
+}
+
+Result<std::vector<std::string>> srun_command(const LaunchOptions& options, bool plugin) {
+  constexpr const char* kNoPlugin = " needs Dew's SPANK plugin (srun --dew-pool), which this srun does not load";
+  if (!plugin) {
+    if (options.devices_per_process) {
+      return unsupported(std::string("--devices-per-process with --slurm") + kNoPlugin +
+                   "; without it JAX gives each task the one GPU at SLURM_LOCALID, so run one task per GPU "
+                   "(--processes-per-host = GPUs per node) instead");
+    }
+    if (options.port) return unsupported(std::string("--port with --slurm") + kNoPlugin);
+    if (!options.coordinator.empty()) return unsupported(std::string("--coordinator with --slurm") + kNoPlugin);
+  }
+  std::vector<std::string> argv{"srun", "--ntasks-per-node=" + std::to_string(options.processes_per_host),
+                                "--kill-on-bad-exit=1", "--export=ALL", "--label"};
+  if (plugin) {
+    argv.emplace_back("--dew-pool");
+    if (options.devices_per_process) {
+      argv.push_back("--dew-devices-per-process=" + std::to_string(*options.devices_per_process));
+    }
+    if (options.port) argv.push_back("--dew-port=" + std::to_string(*options.port));
+    if (!options.coordinator.empty()) argv.push_back("--dew-coordinator=" + options.coordinator);
+  }
+  if (!options.cwd.empty()) argv.push_back("--chdir=" + options.cwd);
+  argv.insert(argv.end(), options.command.begin(), options.command.end());
+  return argv;
+}
+
+std::string private_root_for(std::string_view id) {
+  return "/tmp/dew-launch-" + std::string(id.substr(0, std::min<std::size_t>(12, id.size())));
+}
+
+}  // namespace dew::launch

@@ -1,0 +1,99 @@
+// The TCP coordination service (hosted by process 0) and its client. Private
+// to runtime/pool/; Pool (pool.cpp) is the only user.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dew/result.h"
+#include "wire.h"
+
+namespace dew::runtime {
+
+struct ServiceConfig {
+  int size = 1;
+  std::string secret;
+  std::uint16_t port = 0;  // 0: any free port
+  std::chrono::milliseconds heartbeat_timeout{10000};
+  // Where the service writes its one-line notices (refused clients, ranks
+  // lost). Called on the service's thread.
+  std::function<void(const std::string&)> log;
+};
+
+// Key-value, agreements, all-gathers and failure publication for one pool,
+// on its own thread (standalone Asio). Every rank, process 0 included,
+// talks to it through a CoordinationClient.
+class CoordinationService {
+ public:
+  static Result<std::unique_ptr<CoordinationService>> start(ServiceConfig config);
+  ~CoordinationService();
+  std::uint16_t port() const;
+  // Blocks until a failure has been written to every connected client, or
+  // for `bound` at most. For process 0's own failure before it exits.
+  void flush_failure(std::chrono::milliseconds bound);
+  // Blocks until every process other than 0 has left (said bye, or was
+  // lost after a failure). Calls `waiting` every 10 s with the ranks still in.
+  void wait_until_others_left(const std::function<void(const std::vector<int>&)>& waiting);
+
+ private:
+  struct Impl;
+  explicit CoordinationService(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+struct PeerFailure {
+  int rank = 0;
+  std::string message;
+};
+
+struct ClientConfig {
+  std::string host;
+  std::uint16_t port = 0;
+  int rank = 0;
+  int size = 1;
+  std::string secret;
+  std::chrono::milliseconds heartbeat_timeout{10000};
+  std::chrono::milliseconds connect_timeout{300000};
+  // Called once, on the client's reader or heartbeat thread, when another
+  // process's failure is pushed or the service is lost.
+  std::function<void(const PeerFailure&)> on_failure;
+};
+
+class CoordinationClient {
+ public:
+  static Result<std::unique_ptr<CoordinationClient>> connect(ClientConfig config);
+  ~CoordinationClient();
+
+  void put(const std::string& key, const std::string& value);
+  // nullopt: not there within timeout. The calls below return an Error when
+  // the pool failed meanwhile (see failure()).
+  Result<std::optional<std::string>> get(const std::string& key, std::chrono::milliseconds timeout);
+  // Ok, or the ranks that never came (empty vector: came).
+  Result<std::vector<int>> agree(const std::string& name, std::chrono::milliseconds patience);
+  Result<std::vector<std::string>> gather(const std::string& round, const std::string& bytes,
+                                          std::chrono::milliseconds patience, std::vector<int>& missing);
+  // Publishes this process's failure, then half-closes the connection and
+  // waits (up to `bound`) until the service has read it and closed its side:
+  // a process that exits right after must not have its last frame reset away.
+  void publish_failure(const std::string& message, std::chrono::milliseconds bound);
+  // Async-signal-safe: writes a frame prepared by prepare_signal_frame(), if
+  // no other thread is in the middle of a write.
+  void publish_prepared_from_signal(int slot) noexcept;
+  void prepare_signal_frame(int slot, const std::string& message);
+  // The failure this client has heard of, if any.
+  std::optional<PeerFailure> failure() const;
+  // Says bye and closes.
+  void leave();
+
+ private:
+  struct Impl;
+  explicit CoordinationClient(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dew::runtime

@@ -1,0 +1,349 @@
+// A process's connection to the coordination service: the caller's thread
+// sends requests and waits on a condition variable; a reader thread decodes
+// replies and pushed failures; a heartbeat thread keeps the service (and
+// itself) sure the other side is alive.
+#include <asio.hpp>
+
+#include <sys/socket.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "auth.h"
+#include "coordination.h"
+#include "dew/log.h"
+
+namespace dew::runtime {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using asio::ip::tcp;
+
+std::vector<int> parse_ranks(const std::string& text) {
+  std::vector<int> ranks;
+  std::size_t at = 0;
+  while (at < text.size()) {
+    std::size_t comma = text.find(',', at);
+    if (comma == std::string::npos) comma = text.size();
+    ranks.push_back(std::atoi(text.substr(at, comma - at).c_str()));
+    at = comma + 1;
+  }
+  return ranks;
+}
+
+// Reads whole frames from a blocking socket.
+class FrameReader {
+ public:
+  FrameReader(int fd, std::size_t limit) : fd_(fd), limit_(limit) {}
+  // nullopt at end of stream or on an error (`error` says which).
+  std::optional<wire::Frame> next(std::string& error) {
+    for (;;) {
+      auto decoded = wire::decode(buffer_, limit_);
+      if (decoded.status == wire::DecodeStatus::kFrame) {
+        buffer_.erase(0, decoded.consumed);
+        return std::move(decoded.frame);
+      }
+      if (decoded.status == wire::DecodeStatus::kBad) {
+        error = decoded.error;
+        return std::nullopt;
+      }
+      char chunk[65536];
+      const ssize_t n = ::recv(fd_, chunk, sizeof chunk, 0);
+      if (n <= 0) {
+        error = n == 0 ? "connection closed" : std::string("receive failed: ") + std::strerror(errno);
+        return std::nullopt;
+      }
+      buffer_.append(chunk, static_cast<std::size_t>(n));
+    }
+  }
+
+ private:
+  int fd_;
+  std::size_t limit_;
+  std::string buffer_;
+};
+
+}  // namespace
+
+struct CoordinationClient::Impl {
+  ClientConfig config;
+  asio::io_context io;
+  tcp::socket socket{io};
+  int fd = -1;
+
+  // One writer at a time; a signal handler that finds it taken writes nothing.
+  std::atomic_flag writing = ATOMIC_FLAG_INIT;
+
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::map<std::uint64_t, wire::Frame> replies;
+  std::uint64_t next_request = 1;
+  std::optional<PeerFailure> failure;
+  bool failure_reported = false;
+  bool leaving = false;
+  bool service_closed = false;  // the reader saw the end of the stream
+  Clock::time_point last_heard = Clock::now();
+
+  std::thread reader;
+  std::thread heartbeat;
+  std::string signal_frames[8];
+
+  void write_frame(const wire::Frame& frame) { write_bytes(wire::encode(frame)); }
+
+  void write_bytes(const std::string& bytes) {
+    while (writing.test_and_set(std::memory_order_acquire)) std::this_thread::yield();
+    std::size_t sent = 0;
+    while (sent < bytes.size()) {
+      const ssize_t n = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+      if (n <= 0) {
+        if (n < 0 && errno == EINTR) continue;
+        break;  // the reader notices the closed connection
+      }
+      sent += static_cast<std::size_t>(n);
+    }
+    writing.clear(std::memory_order_release);
+  }
+
+  void record_failure(PeerFailure failed) {
+    {
+      std::lock_guard lock(mutex);
+      if (failure || leaving) return;
+      failure = failed;
+      changed.notify_all();
+    }
+    if (config.on_failure) config.on_failure(failed);
+  }
+
+  void read_loop() {
+    FrameReader frames(fd, std::size_t{1} << 34);
+    for (;;) {
+      std::string error;
+      auto frame = frames.next(error);
+      if (!frame) {
+        {
+          std::lock_guard lock(mutex);
+          service_closed = true;
+          changed.notify_all();
+        }
+        record_failure(PeerFailure{0, "lost the coordination service on process 0 (" + error + ")"});
+        return;
+      }
+      {
+        std::lock_guard lock(mutex);
+        last_heard = Clock::now();
+      }
+      switch (frame->type) {
+        case wire::Type::kHeartbeat: break;
+        case wire::Type::kFailure: {
+          const auto rank = wire::decode_u64(frame->items[0]).value_or(0);
+          if (static_cast<int>(rank) != config.rank) {
+            record_failure(PeerFailure{static_cast<int>(rank), frame->items[1]});
+          }
+          break;
+        }
+        case wire::Type::kValue:
+        case wire::Type::kNotFound:
+        case wire::Type::kAgreed:
+        case wire::Type::kAgreeTimeout:
+        case wire::Type::kGathered: {
+          const auto id = wire::decode_u64(frame->items[0]).value_or(0);
+          std::lock_guard lock(mutex);
+          replies[id] = std::move(*frame);
+          changed.notify_all();
+          break;
+        }
+        default: break;  // nothing else is sent to a client
+      }
+    }
+  }
+
+  void heartbeat_loop() {
+    const auto interval = std::max(config.heartbeat_timeout / 4, std::chrono::milliseconds(20));
+    std::unique_lock lock(mutex);
+    while (!leaving) {
+      if (changed.wait_for(lock, interval, [&] { return leaving; })) return;
+      const bool silent = Clock::now() - last_heard > config.heartbeat_timeout;
+      lock.unlock();
+      if (silent) {
+        record_failure(PeerFailure{0, "the coordination service on process 0 stopped answering heartbeats"});
+      } else {
+        write_frame(wire::Frame{wire::Type::kHeartbeat, {}});
+      }
+      lock.lock();
+    }
+  }
+
+  // Sends a request and waits for its reply; an Error once the pool failed.
+  Result<wire::Frame> request(wire::Frame frame) {
+    std::uint64_t id = 0;
+    {
+      std::lock_guard lock(mutex);
+      id = next_request++;
+    }
+    frame.items.insert(frame.items.begin(), wire::encode_u64(id));
+    write_frame(frame);
+    std::unique_lock lock(mutex);
+    changed.wait(lock, [&] { return replies.count(id) || failure; });
+    if (failure) {
+      return peer_failed(failure->message);
+    }
+    auto reply = std::move(replies[id]);
+    replies.erase(id);
+    return reply;
+  }
+};
+
+CoordinationClient::CoordinationClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Result<std::unique_ptr<CoordinationClient>> CoordinationClient::connect(ClientConfig config) {
+  if (!auth::ready()) return system_error("libsodium could not start (no entropy source)");
+  auto impl = std::make_unique<Impl>();
+  impl->config = std::move(config);
+  const auto& c = impl->config;
+  const std::string where = c.host + ":" + std::to_string(c.port);
+
+  // Process 0 may not be listening yet: retry until the join timeout.
+  const auto deadline = Clock::now() + c.connect_timeout;
+  std::string last_error;
+  tcp::resolver resolver(impl->io);
+  for (auto pause = std::chrono::milliseconds(10);; pause = std::min(pause * 2, std::chrono::milliseconds(250))) {
+    std::error_code ec;
+    auto endpoints = resolver.resolve(c.host, std::to_string(c.port), ec);
+    if (!ec) {
+      impl->socket = tcp::socket(impl->io);
+      asio::connect(impl->socket, endpoints, ec);
+    }
+    if (!ec) break;
+    last_error = ec.message();
+    log_debug("join: " + where + ": " + last_error + "; trying again in " + std::to_string(pause.count()) + " ms");
+    if (Clock::now() + pause > deadline) {
+      return timeout_error("cannot reach the coordination service at " + where + " within " +
+                   std::to_string(std::chrono::duration_cast<std::chrono::seconds>(c.connect_timeout).count()) +
+                   " s: " + last_error);
+    }
+    std::this_thread::sleep_for(pause);
+  }
+  std::error_code ignored;
+  impl->socket.set_option(tcp::no_delay(true), ignored);
+  impl->fd = impl->socket.native_handle();
+
+  // Handshake: the service's challenge, our proof, its proof back.
+  FrameReader frames(impl->fd, wire::kMaxHandshakeFrameBytes);
+  std::string error;
+  auto challenge = frames.next(error);
+  if (!challenge || challenge->type != wire::Type::kChallenge) {
+    return unavailable("the coordination service at " + where + " did not send a challenge" +
+                 (error.empty() ? std::string() : " (" + error + ")"));
+  }
+  const std::string client_nonce = auth::random_nonce();
+  impl->write_frame(wire::Frame{wire::Type::kHello,
+                                {wire::encode_u64(static_cast<std::uint64_t>(c.rank)),
+                                 wire::encode_u64(static_cast<std::uint64_t>(c.size)), client_nonce,
+                                 auth::hello_mac(c.secret, challenge->items[0], static_cast<std::uint64_t>(c.rank),
+                                                 static_cast<std::uint64_t>(c.size))}});
+  auto welcome = frames.next(error);
+  if (welcome && welcome->type == wire::Type::kRefused) {
+    return permission_denied("the coordination service at " + where + " refused process " + std::to_string(c.rank) + ": " +
+                 welcome->items[0]);
+  }
+  if (!welcome || welcome->type != wire::Type::kWelcome) {
+    return unavailable("the coordination service at " + where + " closed the handshake" +
+                 (error.empty() ? std::string() : " (" + error + ")"));
+  }
+  if (!auth::same_mac(welcome->items[0], auth::welcome_mac(c.secret, client_nonce))) {
+    return permission_denied("the service at " + where + " does not know this pool's secret: another pool's coordinator on that port?");
+  }
+
+  Impl* raw = impl.get();
+  impl->last_heard = Clock::now();
+  impl->reader = std::thread([raw] { raw->read_loop(); });
+  impl->heartbeat = std::thread([raw] { raw->heartbeat_loop(); });
+  return std::unique_ptr<CoordinationClient>(new CoordinationClient(std::move(impl)));
+}
+
+CoordinationClient::~CoordinationClient() {
+  {
+    std::lock_guard lock(impl_->mutex);
+    impl_->leaving = true;
+    impl_->changed.notify_all();
+  }
+  ::shutdown(impl_->fd, SHUT_RDWR);
+  if (impl_->reader.joinable()) impl_->reader.join();
+  if (impl_->heartbeat.joinable()) impl_->heartbeat.join();
+}
+
+void CoordinationClient::put(const std::string& key, const std::string& value) {
+  impl_->write_frame(wire::Frame{wire::Type::kPut, {key, value}});
+}
+
+Result<std::optional<std::string>> CoordinationClient::get(const std::string& key, std::chrono::milliseconds timeout) {
+  auto reply = impl_->request(wire::Frame{wire::Type::kGet, {key, wire::encode_u64(static_cast<std::uint64_t>(timeout.count()))}});
+  if (!reply.ok()) return reply.error();
+  if (reply.value().type == wire::Type::kValue) return std::optional<std::string>(reply.value().items[1]);
+  return std::optional<std::string>();
+}
+
+Result<std::vector<int>> CoordinationClient::agree(const std::string& name, std::chrono::milliseconds patience) {
+  auto reply = impl_->request(wire::Frame{wire::Type::kAgree, {name, wire::encode_u64(static_cast<std::uint64_t>(patience.count()))}});
+  if (!reply.ok()) return reply.error();
+  if (reply.value().type == wire::Type::kAgreeTimeout) return parse_ranks(reply.value().items[1]);
+  return std::vector<int>();
+}
+
+Result<std::vector<std::string>> CoordinationClient::gather(const std::string& round, const std::string& bytes,
+                                                            std::chrono::milliseconds patience, std::vector<int>& missing) {
+  auto reply = impl_->request(
+      wire::Frame{wire::Type::kGather, {round, bytes, wire::encode_u64(static_cast<std::uint64_t>(patience.count()))}});
+  if (!reply.ok()) return reply.error();
+  if (reply.value().type == wire::Type::kAgreeTimeout) {
+    missing = parse_ranks(reply.value().items[1]);
+    return std::vector<std::string>();
+  }
+  auto& items = reply.value().items;
+  return std::vector<std::string>(items.begin() + 1, items.end());
+}
+
+void CoordinationClient::publish_failure(const std::string& message, std::chrono::milliseconds bound) {
+  impl_->write_frame(wire::Frame{wire::Type::kFail, {wire::encode_u64(static_cast<std::uint64_t>(impl_->config.rank)), message}});
+  ::shutdown(impl_->fd, SHUT_WR);
+  std::unique_lock lock(impl_->mutex);
+  impl_->changed.wait_for(lock, bound, [&] { return impl_->service_closed; });
+}
+
+void CoordinationClient::prepare_signal_frame(int slot, const std::string& message) {
+  impl_->signal_frames[slot] =
+      wire::encode(wire::Frame{wire::Type::kFail, {wire::encode_u64(static_cast<std::uint64_t>(impl_->config.rank)), message}});
+}
+
+void CoordinationClient::publish_prepared_from_signal(int slot) noexcept {
+  if (impl_->writing.test_and_set(std::memory_order_acquire)) return;  // a write was cut by the signal
+  const std::string& bytes = impl_->signal_frames[slot];
+  std::size_t sent = 0;
+  while (sent < bytes.size()) {
+    const ssize_t n = ::send(impl_->fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) break;
+    sent += static_cast<std::size_t>(n);
+  }
+  impl_->writing.clear(std::memory_order_release);
+}
+
+std::optional<PeerFailure> CoordinationClient::failure() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->failure;
+}
+
+void CoordinationClient::leave() {
+  {
+    std::lock_guard lock(impl_->mutex);
+    if (impl_->leaving) return;
+    impl_->leaving = true;
+    impl_->changed.notify_all();
+  }
+  impl_->write_frame(wire::Frame{wire::Type::kBye, {}});
+  ::shutdown(impl_->fd, SHUT_RDWR);
+}
+
+}  // namespace dew::runtime

@@ -1,0 +1,151 @@
+// The process-wide failure path of a pool: a process that fails prints its
+// error once, publishes it and exits at once; one that hears of a peer's
+// failure ends with kPeerFailedExitCode; the watch thread ends a process that
+// has not heard of it at an agreement within the grace; fatal signals and
+// uncaught exceptions become published failures.
+#include <unistd.h>
+
+#include <cstring>
+#include <exception>
+
+#include "dew/log.h"
+#include "dew/text.h"
+#include "failure.h"
+#include "pool_state.h"
+
+namespace dew::runtime {
+namespace {
+
+// The process's pool, for the signal and terminate handlers.
+std::atomic<Pool::State*> g_pool{nullptr};
+std::terminate_handler g_previous_terminate = nullptr;
+bool g_handlers_installed = false;
+
+[[noreturn]] void wait_for_the_end() {
+  // Another thread is already ending the process.
+  for (;;) pause();
+}
+
+void on_fatal_signal(int signal_number) {
+  Pool::State* state = g_pool.load();
+  if (state && !state->failing.exchange(true)) {
+    std::size_t slot = 0;
+    while (slot < std::size(kFatalSignals) && kFatalSignals[slot] != signal_number) ++slot;
+    // The logger may hold a lock the interrupted code held: a raw write.
+    const std::string& line = state->signal_lines[slot];
+    [[maybe_unused]] ssize_t ignored = ::write(STDERR_FILENO, line.data(), line.size());
+    if (state->client) {
+      state->client->publish_prepared_from_signal(static_cast<int>(slot));
+      // Give the frame time to leave (and process 0's service thread time
+      // to push it) before the process dies.
+      const timespec pause{0, state->service ? 300'000'000 : 100'000'000};
+      nanosleep(&pause, nullptr);
+    }
+  }
+  // Re-raise with the default action: the exit status still says "signal".
+  std::signal(signal_number, SIG_DFL);
+  std::raise(signal_number);
+}
+
+void on_terminate() {
+  std::string message = "uncaught exception";
+  if (auto current = std::current_exception()) {
+    try {
+      std::rethrow_exception(current);
+    } catch (const std::exception& error) {
+      message += ": " + std::string(error.what());
+    } catch (...) {
+      message += " (not a std::exception)";
+    }
+  }
+  if (Pool::State* state = g_pool.load()) state->fail(message, 1);
+  if (g_previous_terminate) g_previous_terminate();
+  std::abort();
+}
+
+}  // namespace
+
+void Pool::State::stop_watch() {
+  {
+    std::lock_guard lock(mutex);
+    stopping = true;
+    changed.notify_all();
+  }
+  if (watch.joinable() && watch.get_id() != std::this_thread::get_id()) watch.join();
+}
+
+void Pool::State::start_watch() {
+  watch = std::thread([this] {
+    std::unique_lock lock(mutex);
+    changed.wait(lock, [&] { return stopping || failure_heard.has_value(); });
+    if (stopping) return;
+    if (changed.wait_until(lock, *failure_heard + settings.failure_grace, [&] { return stopping; })) return;
+    lock.unlock();
+    auto failed = client->failure().value_or(PeerFailure{0, "unknown failure"});
+    failed.message += " (not heard at an agreement within " +
+                      seconds_text(std::chrono::duration<double>(settings.failure_grace).count()) +
+                      ", DEW_FAILURE_GRACE_SECONDS)";
+    end_for_peer(failed);
+  });
+}
+
+void Pool::State::end_for_peer(const PeerFailure& failed) {
+  if (failing.load() || ending.exchange(true)) wait_for_the_end();
+  log_error("ending: process " + std::to_string(failed.rank) + " failed: " + failed.message);
+  // Process 0's service dies with it: let the failure reach everyone first.
+  if (service) service->flush_failure(std::chrono::seconds(1));
+  std::fflush(nullptr);
+  ::_exit(kPeerFailedExitCode);
+}
+
+void Pool::State::fail(const std::string& error, int exit_code) {
+  if (failing.exchange(true) || ending.load()) wait_for_the_end();
+  log_error("error: " + error);
+  if (client) {
+    client->publish_failure(error, std::chrono::seconds(1));
+    // Process 0 hosts the service: its own failure must reach every peer
+    // before the service dies with it.
+    if (service) service->flush_failure(std::chrono::seconds(1));
+  }
+  if (pmix) pmix->abort(exit_code, prefix() + error);
+  std::fflush(nullptr);
+  ::_exit(exit_code);
+}
+
+void attach_failure_path(Pool::State& state, bool handlers) {
+  g_pool.store(&state);
+  if (!handlers) return;
+  for (std::size_t slot = 0; slot < std::size(kFatalSignals); ++slot) {
+    const int number = kFatalSignals[slot];
+    const std::string message = std::string("fatal signal ") + sigabbrev_np(number) + " (" + strsignal(number) + ")";
+    state.signal_lines[slot] = state.prefix() + "error: " + message + "\n";
+    if (state.client) state.client->prepare_signal_frame(static_cast<int>(slot), message);
+    struct sigaction action {};
+    action.sa_handler = on_fatal_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESETHAND;
+    sigaction(number, &action, nullptr);
+  }
+  g_previous_terminate = std::set_terminate(on_terminate);
+  g_handlers_installed = true;
+}
+
+void detach_failure_path(Pool::State& state) {
+  Pool::State* expected = &state;
+  if (!g_pool.compare_exchange_strong(expected, nullptr) || !g_handlers_installed) return;
+  for (int number : kFatalSignals) std::signal(number, SIG_DFL);
+  std::set_terminate(g_previous_terminate);
+  g_handlers_installed = false;
+}
+
+namespace detail {
+
+void fail_process(const std::string& message, int exit_code) {
+  if (Pool::State* state = g_pool.load()) state->fail(message, exit_code);
+  log_error("error: " + message);
+  std::fflush(nullptr);
+  ::_exit(exit_code);
+}
+
+}  // namespace detail
+}  // namespace dew::runtime

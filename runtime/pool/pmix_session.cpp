@@ -1,0 +1,144 @@
+#include "pmix_session.h"
+
+#include <pmix.h>
+
+#include <cstring>
+
+namespace dew::runtime {
+namespace {
+
+pmix_proc_t g_self;
+
+// PMIX_LOAD_NSPACE bounds and terminates the copy.
+void load_nspace(pmix_proc_t& proc, const char* nspace) { PMIX_LOAD_NSPACE(proc.nspace, nspace); }
+
+std::string describe(pmix_status_t status) { return std::string(PMIx_Error_string(status)); }
+
+// A job-level value of this namespace (rank wildcard).
+Result<std::uint32_t> job_u32(const char* key, const pmix_proc_t& proc) {
+  pmix_value_t* value = nullptr;
+  const pmix_status_t status = PMIx_Get(&proc, key, nullptr, 0, &value);
+  if (status != PMIX_SUCCESS || value == nullptr) {
+    return unavailable(std::string("PMIx_Get(") + key + "): " + describe(status));
+  }
+  std::uint32_t out = 0;
+  switch (value->type) {
+    case PMIX_UINT32: out = value->data.uint32; break;
+    case PMIX_UINT16: out = value->data.uint16; break;
+    case PMIX_INT: out = static_cast<std::uint32_t>(value->data.integer); break;
+    case PMIX_UINT64: out = static_cast<std::uint32_t>(value->data.uint64); break;
+    default: {
+      const auto type = value->type;  // read before the release frees it
+      PMIX_VALUE_RELEASE(value);
+      return unavailable(std::string("PMIx_Get(") + key + "): unexpected value type " + std::to_string(type));
+    }
+  }
+  PMIX_VALUE_RELEASE(value);
+  return out;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<PmixSession>> PmixSession::init() {
+  const pmix_status_t status = PMIx_Init(&g_self, nullptr, 0);
+  if (status != PMIX_SUCCESS) return unavailable("PMIx_Init: " + describe(status));
+  std::unique_ptr<PmixSession> session(new PmixSession());
+  auto& id = session->identity_;
+  id.rank = static_cast<int>(g_self.rank);
+  id.nspace = g_self.nspace;
+  pmix_proc_t job;
+  PMIX_PROC_CONSTRUCT(&job);
+  load_nspace(job, g_self.nspace);
+  job.rank = PMIX_RANK_WILDCARD;
+  auto size = job_u32(PMIX_JOB_SIZE, job);
+  if (!size.ok()) return size.error();
+  id.size = static_cast<int>(size.value());
+  // Per-process values are asked of this process itself.
+  if (auto local = job_u32(PMIX_LOCAL_RANK, g_self); local.ok()) id.local_rank = static_cast<int>(local.value());
+  if (auto local_size = job_u32(PMIX_LOCAL_SIZE, job); local_size.ok()) id.local_size = static_cast<int>(local_size.value());
+  if (auto node = job_u32(PMIX_NODEID, g_self); node.ok()) id.node = static_cast<int>(node.value());
+  pmix_value_t* host = nullptr;
+  if (PMIx_Get(&g_self, PMIX_HOSTNAME, nullptr, 0, &host) == PMIX_SUCCESS && host != nullptr) {
+    if (host->type == PMIX_STRING && host->data.string != nullptr) id.hostname = host->data.string;
+    PMIX_VALUE_RELEASE(host);
+  }
+  if (id.rank < 0 || id.rank >= id.size) {
+    return internal_error("PMIx gives rank " + std::to_string(id.rank) + " outside a job of " + std::to_string(id.size));
+  }
+  return session;
+}
+
+PmixSession::~PmixSession() { PMIx_Finalize(nullptr, 0); }
+
+const PmixIdentity& PmixSession::identity() const { return identity_; }
+
+void PmixSession::fill(Identity& id) const {
+  id.rank = identity_.rank;
+  id.size = identity_.size;
+  id.local_rank = identity_.local_rank;
+  id.local_size = identity_.local_size;
+  id.node = identity_.node;
+  id.hostname = identity_.hostname;
+}
+
+Result<std::vector<std::string>> PmixSession::all_gather(const std::string& bytes, std::chrono::milliseconds timeout) {
+  // A fresh key per round: PMIx keeps every committed value, and a reused
+  // key could return an earlier round's bytes (NVSHMEM's bootstrap does so).
+  const std::string key = "dew.gather." + std::to_string(round_++);
+  pmix_value_t value;
+  PMIX_VALUE_CONSTRUCT(&value);
+  value.type = PMIX_BYTE_OBJECT;
+  value.data.bo.bytes = const_cast<char*>(bytes.data());
+  value.data.bo.size = bytes.size();
+  pmix_status_t status = PMIx_Put(PMIX_GLOBAL, key.c_str(), &value);
+  if (status != PMIX_SUCCESS) return unavailable("PMIx_Put: " + describe(status));
+  status = PMIx_Commit();
+  if (status != PMIX_SUCCESS) return unavailable("PMIx_Commit: " + describe(status));
+
+  pmix_proc_t all;
+  PMIX_PROC_CONSTRUCT(&all);
+  load_nspace(all, identity_.nspace.c_str());
+  all.rank = PMIX_RANK_WILDCARD;
+  pmix_info_t info[2];
+  bool collect = true;
+  const int seconds = static_cast<int>(std::min<long long>(std::max<long long>(timeout.count() / 1000, 1), 1 << 30));
+  PMIX_INFO_LOAD(&info[0], PMIX_COLLECT_DATA, &collect, PMIX_BOOL);
+  PMIX_INFO_LOAD(&info[1], PMIX_TIMEOUT, &seconds, PMIX_INT);
+  status = PMIx_Fence(&all, 1, info, 2);
+  PMIX_INFO_DESTRUCT(&info[0]);
+  PMIX_INFO_DESTRUCT(&info[1]);
+  if (status != PMIX_SUCCESS) {
+    const std::string what = "PMIx_Fence for all_gather round " + std::to_string(round_ - 1) + ": " + describe(status);
+    if (status == PMIX_ERR_TIMEOUT) {
+      return timeout_error(what + " (some process never arrived within " + std::to_string(seconds) + " s)");
+    }
+    return unavailable(what);
+  }
+  std::vector<std::string> out;
+  out.reserve(static_cast<std::size_t>(identity_.size));
+  for (int rank = 0; rank < identity_.size; ++rank) {
+    pmix_proc_t proc;
+    PMIX_PROC_CONSTRUCT(&proc);
+    load_nspace(proc, identity_.nspace.c_str());
+    proc.rank = static_cast<pmix_rank_t>(rank);
+    pmix_value_t* got = nullptr;
+    status = PMIx_Get(&proc, key.c_str(), nullptr, 0, &got);
+    if (status != PMIX_SUCCESS || got == nullptr || got->type != PMIX_BYTE_OBJECT) {
+      if (got) PMIX_VALUE_RELEASE(got);
+      return unavailable("PMIx_Get(" + key + ") of process " + std::to_string(rank) + ": " + describe(status));
+    }
+    out.emplace_back(got->data.bo.bytes, got->data.bo.size);
+    PMIX_VALUE_RELEASE(got);
+  }
+  return out;
+}
+
+void PmixSession::abort(int code, const std::string& message) {
+  pmix_proc_t all;
+  PMIX_PROC_CONSTRUCT(&all);
+  load_nspace(all, identity_.nspace.c_str());
+  all.rank = PMIX_RANK_WILDCARD;
+  PMIx_Abort(code, message.c_str(), &all, 1);
+}
+
+}  // namespace dew::runtime

@@ -1,0 +1,275 @@
+// join() and Pool's calls: the edge that ties identity (identity.cpp), PMIx
+// (pmix_session.cpp) and the coordination service (coordination_*.cpp)
+// together. The failure path is in failure.cpp.
+#include "dew/pool.h"
+
+#include <unistd.h>
+
+#include "dew/hex.h"
+#include "dew/log.h"
+#include "dew/text.h"
+#include "pool_state.h"
+
+namespace dew::runtime {
+namespace {
+
+std::string hostname() {
+  char name[256] = {};
+  if (gethostname(name, sizeof name - 1) != 0) return "localhost";
+  return name;
+}
+
+std::string seconds_of(std::chrono::milliseconds duration) {
+  return seconds_text(std::chrono::duration<double>(duration).count());
+}
+
+std::unique_ptr<CoordinationService> start_service(const Pool::State& state, const std::string& secret,
+                                                   std::uint16_t port) {
+  auto service = CoordinationService::start(ServiceConfig{
+      state.identity.size, secret, port, state.settings.heartbeat_timeout,
+      [](const std::string& line) { log_warn("coordination service: " + line); }});
+  if (!service.ok()) {
+    const auto& id = state.identity;
+    const std::string where = id.coordinator ? " (" + id.coordinator_from + "=" + id.coordinator->text() + ")" : "";
+    throw PoolError(Error{service.error().code, service.error().message + where});
+  }
+  log_debug("join: the coordination service listens on port " + std::to_string(service.value()->port()));
+  return std::move(service.value());
+}
+
+// Under PMIx: PMIx fences cannot say who is missing and PMIx keys belong to
+// one process, so the service runs here too, bootstrapped over a fence:
+// process 0 contributes its address and (without DEW_POOL_SECRET) a fresh
+// secret, which only this job's processes can read. Returns the secret.
+std::string bootstrap_over_pmix(Pool::State& state, std::string secret) {
+  Identity& id = state.identity;
+  std::string contribution;
+  if (id.rank == 0) {
+    if (secret.empty()) {
+      auto fresh = random_hex(32);
+      if (!fresh.ok()) throw PoolError(fresh.error());
+      secret = fresh.value();
+    }
+    state.service = start_service(state, secret, 0);
+    contribution = hostname() + "\n" + std::to_string(state.service->port()) + "\n" + secret;
+  }
+  auto gathered = state.pmix->all_gather(contribution, state.settings.join_timeout);
+  if (!gathered.ok()) throw PoolError(gathered.error());
+  const std::string& zero = gathered.value()[0];
+  const auto first = zero.find('\n');
+  const auto second = first == std::string::npos ? first : zero.find('\n', first + 1);
+  const auto port = second == std::string::npos ? std::nullopt
+                                                : parse_whole<std::uint16_t>(zero.substr(first + 1, second - first - 1));
+  if (!port) throw PoolError(internal_error("process 0 sent no coordinator over PMIx"));
+  id.coordinator = Address{zero.substr(0, first), *port};
+  id.coordinator_from = "process 0, over PMIx";
+  return zero.substr(second + 1);
+}
+
+// Without PMIx: the coordinator's address and the secret come from the
+// environment; process 0 listens at the address's port.
+void check_tcp_pool(const Pool::State& state, const std::string& secret) {
+  const Identity& id = state.identity;
+  if (!id.coordinator) {
+    throw PoolError(invalid_argument(std::string(source_name(id.source)) +
+                                     " gives rank and size but no coordinator: set "
+                                     "DEW_COORDINATOR_ADDRESS=host:port for every process"));
+  }
+  if (secret.empty()) {
+    throw PoolError(invalid_argument(
+        "DEW_POOL_SECRET is not set: the coordination service admits only processes that know the pool's secret "
+        "(srun --dew-pool and dew launch set it; elsewhere export the same DEW_POOL_SECRET, e.g. "
+        "$(openssl rand -hex 32), to every process)"));
+  }
+}
+
+void connect_client(Pool::State& state, const std::string& secret) {
+  const Identity& id = state.identity;
+  // Process 0 reaches its own service on the loopback.
+  const bool local = id.rank == 0;
+  const std::string host = local ? "127.0.0.1" : id.coordinator->host;
+  const std::uint16_t port = local && state.service ? state.service->port() : id.coordinator->port;
+  log_debug("join: connecting to the coordination service at " + host_port(host, std::to_string(port)));
+  Pool::State* raw = &state;
+  auto client = CoordinationClient::connect(
+      ClientConfig{host, port, id.rank, id.size, secret, state.settings.heartbeat_timeout,
+                   state.settings.join_timeout, [raw](const PeerFailure&) {
+                     std::lock_guard lock(raw->mutex);
+                     if (!raw->failure_heard) raw->failure_heard = Clock::now();
+                     raw->changed.notify_all();
+                   }});
+  if (!client.ok()) throw PoolError(client.error());
+  state.client = std::move(client.value());
+}
+
+std::string backend_of(const Pool::State& state) {
+  if (!state.client) return "none";
+  return state.pmix ? "pmix+tcp" : "tcp";
+}
+
+}  // namespace
+
+Result<Identity> describe_identity(const Environment& env, const JoinOptions& options) {
+  auto resolved = resolve_identity(env, options);
+  if (!resolved.ok()) return resolved;
+  Identity id = resolved.value();
+  if (id.source == PoolSource::kPmix) {
+    auto pmix = PmixSession::init();
+    if (!pmix.ok()) return pmix.error();
+    pmix.value()->fill(id);
+  }
+  if (id.hostname.empty()) id.hostname = hostname();
+  return id;
+}
+
+Pool::Pool(std::unique_ptr<State> state) : state_(std::move(state)) {}
+Pool::Pool(Pool&&) noexcept = default;
+Pool& Pool::operator=(Pool&&) noexcept = default;
+Pool::~Pool() {
+  if (state_) leave();
+}
+
+const Identity& Pool::identity() const { return state_->identity; }
+int Pool::rank() const { return state_->identity.rank; }
+int Pool::size() const { return state_->identity.size; }
+std::string Pool::backend() const { return backend_of(*state_); }
+
+Pool join(JoinOptions options) {
+  static std::atomic<bool> joined{false};
+  if (joined.exchange(true)) {
+    throw PoolError(invalid_argument("join() was called twice: a process belongs to one pool"));
+  }
+  if (auto level = configure_log_level_from_env(); !level.ok()) throw PoolError(level.error());
+  const Environment env = current_environment();
+  auto identity = resolve_identity(env, options);
+  if (!identity.ok()) throw PoolError(identity.error());
+  auto settings = resolve_settings(env, options);
+  if (!settings.ok()) throw PoolError(settings.error());
+
+  auto state = std::make_unique<Pool::State>();
+  state->identity = identity.value();
+  state->settings = settings.value();
+  state->lines_prefixed = env.count("DEW_LINES_PREFIXED") && env.at("DEW_LINES_PREFIXED") == "1";
+  Identity& id = state->identity;
+  log_debug("join: identity from " + std::string(source_name(id.source)) + ": " + id.why);
+  std::string secret = options.secret.value_or(env.count("DEW_POOL_SECRET") ? env.at("DEW_POOL_SECRET") : "");
+
+  if (id.source == PoolSource::kPmix) {
+    auto pmix = PmixSession::init();
+    if (!pmix.ok()) throw PoolError(pmix.error());
+    state->pmix = std::move(pmix.value());
+    state->pmix->fill(id);
+    if (id.size == 1 && !options.multi_host) id.why += "; one process: no pool";
+  }
+  set_log_prefix(state->prefix());
+  if (id.hostname.empty()) id.hostname = hostname();
+
+  if (id.size > 1 && id.source != PoolSource::kAlone) {
+    if (state->pmix) {
+      secret = bootstrap_over_pmix(*state, secret);
+    } else {
+      check_tcp_pool(*state, secret);
+      log_debug("join: coordinator " + id.coordinator->text() + " from " + id.coordinator_from);
+      if (id.rank == 0) state->service = start_service(*state, secret, id.coordinator->port);
+    }
+    connect_client(*state, secret);
+  }
+
+  attach_failure_path(*state, options.failure_handlers);
+  if (state->client) {
+    state->start_watch();
+    auto missing = state->checked(state->client->agree("dew.joined", state->settings.join_timeout));
+    if (!missing.empty()) {
+      state->fail(processes_text(missing) + " never joined the pool within " + seconds_of(state->settings.join_timeout) +
+                      " (DEW_JOIN_TIMEOUT_SECONDS)",
+                  1);
+    }
+  }
+  log_info("Joined the pool: process " + std::to_string(id.rank) + " of " + std::to_string(id.size) + " (" +
+           std::string(source_name(id.source)) + ", " + backend_of(*state) + ")");
+  return Pool(std::move(state));
+}
+
+void Pool::put(const std::string& key, const std::string& value) {
+  if (!state_->client) {
+    // A pool of one may still run several device threads that rendezvous here.
+    std::lock_guard lock(state_->mutex);
+    state_->local_kv[key] = value;
+    state_->changed.notify_all();
+    return;
+  }
+  state_->client->put(key, value);
+}
+
+std::string Pool::get(const std::string& key, std::chrono::milliseconds timeout) {
+  const auto not_there = [&] {
+    return PoolError(timeout_error("get('" + key + "'): no process put it within " + seconds_of(timeout)));
+  };
+  if (!state_->client) {
+    // Another thread of this process may put it: wait, as a pooled get does.
+    std::unique_lock lock(state_->mutex);
+    if (!state_->changed.wait_for(lock, timeout, [&] { return state_->local_kv.count(key) > 0; })) throw not_there();
+    return state_->local_kv.at(key);
+  }
+  auto value = state_->checked(state_->client->get(key, timeout));
+  if (!value) throw not_there();
+  return *value;
+}
+
+std::vector<std::string> Pool::all_gather(const std::string& bytes) {
+  if (!state_->client) return {bytes};
+  if (state_->pmix) {
+    auto gathered = state_->pmix->all_gather(bytes, state_->settings.agreement_patience);
+    if (!gathered.ok()) {
+      if (auto failed = state_->client->failure()) state_->end_for_peer(*failed);
+      throw PoolError(gathered.error());
+    }
+    return std::move(gathered.value());
+  }
+  const unsigned round = state_->gather_round++;
+  std::vector<int> missing;
+  auto parts = state_->checked(state_->client->gather("gather#" + std::to_string(round), bytes,
+                                                      state_->settings.agreement_patience, missing));
+  if (!missing.empty()) {
+    throw PoolError(timeout_error("all_gather round " + std::to_string(round) + " ran out of patience after " +
+                                  seconds_of(state_->settings.agreement_patience) + ": " + processes_text(missing) +
+                                  " never arrived"));
+  }
+  return parts;
+}
+
+void Pool::agree(const std::string& name) { agree(name, state_->settings.agreement_patience); }
+
+void Pool::agree(const std::string& name, std::chrono::milliseconds patience) {
+  if (!state_->client) return;
+  const unsigned round = state_->agreement_rounds[name]++;
+  auto missing = state_->checked(state_->client->agree(name + "#" + std::to_string(round), patience));
+  if (!missing.empty()) {
+    throw PoolError(timeout_error("agreement '" + name + "' ran out of patience after " + seconds_of(patience) +
+                                  ": " + processes_text(missing) + " never arrived"));
+  }
+}
+
+void Pool::fail(const std::string& error, int exit_code) { state_->fail(error, exit_code); }
+
+void Pool::leave() {
+  State& s = *state_;
+  if (s.left) return;
+  s.left = true;
+  if (s.service) {
+    s.service->wait_until_others_left([&](const std::vector<int>& still) {
+      log_info("waiting for " + processes_text(still) + " to leave the pool before stopping the coordination service");
+    });
+  }
+  if (s.client) {
+    if (auto failed = s.client->failure()) s.end_for_peer(*failed);
+    s.client->leave();
+  }
+  s.stop_watch();
+  detach_failure_path(s);
+  s.client.reset();
+  s.service.reset();
+  s.pmix.reset();
+}
+
+}  // namespace dew::runtime

@@ -1,0 +1,87 @@
+// Pool::State: what a joined pool holds, shared by pool.cpp (join and the
+// calls), failure.cpp (the process's failure path) and shared_directory.cpp.
+// Private to runtime/pool/.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <csignal>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "coordination.h"
+#include "dew/pool.h"
+#include "pmix_session.h"
+
+namespace dew::runtime {
+
+using Clock = std::chrono::steady_clock;
+
+// The signals whose default action would end the process without a word:
+// the pool publishes them as failures first.
+inline constexpr int kFatalSignals[] = {SIGSEGV, SIGABRT, SIGBUS, SIGFPE};
+
+struct Pool::State {
+  Identity identity;
+  Settings settings;
+  std::unique_ptr<PmixSession> pmix;
+  std::unique_ptr<CoordinationService> service;
+  std::unique_ptr<CoordinationClient> client;
+  std::map<std::string, unsigned> agreement_rounds;
+  unsigned gather_round = 0;
+  std::map<std::string, std::string> local_kv;  // a pool of one
+
+  std::atomic<bool> failing{false};
+  std::atomic<bool> ending{false};
+  bool left = false;
+
+  // The watch thread: ends the process when a published failure has not
+  // been heard at an agreement within the grace.
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::optional<Clock::time_point> failure_heard;
+  bool stopping = false;
+  std::thread watch;
+
+  // Written by a fatal signal's handler: whole lines, prefix included.
+  std::string signal_lines[std::size(kFatalSignals)];
+
+  // "[rank] ", unless a launcher (dew launch) already prefixes every line.
+  bool lines_prefixed = false;
+  std::string prefix() const { return lines_prefixed ? "" : "[" + std::to_string(identity.rank) + "] "; }
+
+  ~State() { stop_watch(); }
+
+  void stop_watch();
+  void start_watch();
+  // Ends this process because `failed` failed: one line, exit code 75.
+  [[noreturn]] void end_for_peer(const PeerFailure& failed);
+  // Ends this process with its own error: one line, published, exit_code.
+  [[noreturn]] void fail(const std::string& error, int exit_code);
+
+  // Every pool call that finds the pool failed ends here: the failure has
+  // been "heard at an agreement".
+  template <typename T>
+  T checked(Result<T> result) {
+    if (!result.ok()) {
+      auto failed = client ? client->failure() : std::nullopt;
+      end_for_peer(failed.value_or(PeerFailure{0, result.error().message}));
+    }
+    return std::move(result.value());
+  }
+};
+
+// The process's failure path (failure.cpp): makes `state` the pool that
+// fail_process() and the handlers publish to; with `handlers`, installs the
+// SIGSEGV/SIGABRT/SIGBUS/SIGFPE and std::terminate handlers too.
+void attach_failure_path(Pool::State& state, bool handlers);
+// Undoes it, when `state` is still the attached pool.
+void detach_failure_path(Pool::State& state);
+
+}  // namespace dew::runtime

@@ -1,0 +1,81 @@
+// StepWatchdog: a thread that ends the process when one step outlives its
+// bound, for C++ steps that XLA's execution watchdog does not cover.
+#include <unistd.h>
+
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "dew/pool.h"
+#include "dew/watchdog.h"
+#include "failure.h"
+
+namespace dew::runtime {
+
+struct StepWatchdog::State {
+  std::optional<std::chrono::milliseconds> bound;
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::optional<std::chrono::steady_clock::time_point> started;
+  std::uint64_t steps = 0;
+  bool stopping = false;
+  std::thread thread;
+};
+
+StepWatchdog::StepWatchdog(std::optional<std::chrono::milliseconds> bound) : state_(std::make_unique<State>()) {
+  if (bound) {
+    state_->bound = bound;
+  } else if (const char* text = std::getenv("DEW_WATCHDOG")) {
+    auto parsed = parse_watchdog(text, "DEW_WATCHDOG");
+    if (!parsed.ok()) throw PoolError(parsed.error());
+    if (parsed.value()) state_->bound = std::chrono::duration_cast<std::chrono::milliseconds>(*parsed.value());
+  } else {
+    state_->bound = std::chrono::minutes(30);
+  }
+  if (!state_->bound) return;  // "off"
+  State* s = state_.get();
+  s->thread = std::thread([s] {
+    std::unique_lock lock(s->mutex);
+    while (!s->stopping) {
+      if (!s->started) {
+        s->changed.wait(lock, [&] { return s->stopping || s->started.has_value(); });
+        continue;
+      }
+      const auto step = s->steps;
+      const auto deadline = *s->started + *s->bound;
+      if (s->changed.wait_until(lock, deadline, [&] { return s->stopping || s->steps != step || !s->started; })) continue;
+      const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(*s->bound);
+      lock.unlock();
+      detail::fail_process("step " + std::to_string(step) + " ran longer than its bound of " +
+                       format_duration(seconds) + " (StepWatchdog, DEW_WATCHDOG)",
+                           kWatchdogExitCode);
+    }
+  });
+}
+
+StepWatchdog::~StepWatchdog() {
+  {
+    std::lock_guard lock(state_->mutex);
+    state_->stopping = true;
+    state_->changed.notify_all();
+  }
+  if (state_->thread.joinable()) state_->thread.join();
+}
+
+std::optional<std::chrono::milliseconds> StepWatchdog::bound() const { return state_->bound; }
+
+StepWatchdog::Step StepWatchdog::step() {
+  std::lock_guard lock(state_->mutex);
+  state_->started = std::chrono::steady_clock::now();
+  ++state_->steps;
+  state_->changed.notify_all();
+  return Step(*this);
+}
+
+StepWatchdog::Step::~Step() {
+  std::lock_guard lock(owner_.state_->mutex);
+  owner_.state_->started.reset();
+  owner_.state_->changed.notify_all();
+}
+
+}  // namespace dew::runtime

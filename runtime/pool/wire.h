@@ -1,0 +1,76 @@
+// The coordination service's wire format: pure encode/decode, no sockets.
+// Private to runtime/pool/ (the service, its client and the fuzz target use it).
+//
+// A frame is a 4-byte big-endian length L, then L bytes: one type byte and
+// zero or more items, each a 4-byte big-endian length and that many bytes.
+// Every type has a fixed number of items, so a frame either decodes whole or
+// is refused; numbers travel as 8-byte big-endian items.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace dew::runtime::wire {
+
+enum class Type : std::uint8_t {
+  kChallenge = 1,     // service -> client: nonce
+  kHello = 2,         // client -> service: rank, size, client nonce, MAC
+  kWelcome = 3,       // service -> client: MAC over the client's nonce
+  kRefused = 4,       // service -> client: reason (then the service closes)
+  kPut = 5,           // key, value
+  kGet = 6,           // request id, key, timeout ms
+  kValue = 7,         // request id, value
+  kNotFound = 8,      // request id
+  kAgree = 9,         // request id, name, patience ms
+  kAgreed = 10,       // request id
+  kAgreeTimeout = 11, // request id, missing ranks ("2,3")
+  kGather = 12,       // request id, round name, bytes, patience ms
+  kGathered = 13,     // request id, then one item per rank
+  kFail = 14,         // client -> service: rank, message
+  kFailure = 15,      // service -> clients: rank, message
+  kHeartbeat = 16,    // either way, no items
+  kBye = 17,          // client -> service: leaving normally
+};
+
+struct Frame {
+  Type type = Type::kHeartbeat;
+  std::vector<std::string> items;
+};
+
+// Largest frame a service accepts from an authenticated client, and from one
+// that has not yet proven it knows the secret (a hello is ~100 bytes).
+inline constexpr std::size_t kMaxFrameBytes = std::size_t{64} << 20;
+inline constexpr std::size_t kMaxHandshakeFrameBytes = 4096;
+// The length prefix.
+inline constexpr std::size_t kHeaderBytes = 4;
+
+std::string encode(const Frame& frame);
+std::string encode_u64(std::uint64_t value);
+// nullopt unless the item is exactly 8 bytes.
+std::optional<std::uint64_t> decode_u64(std::string_view item);
+
+enum class DecodeStatus { kNeedMore, kFrame, kBad };
+
+struct Decoded {
+  DecodeStatus status = DecodeStatus::kNeedMore;
+  Frame frame;              // when kFrame
+  std::size_t consumed = 0; // bytes of `buffer` the frame took, when kFrame
+  std::string error;        // when kBad: one line naming what is wrong
+};
+
+// Decodes the first frame of `buffer`. kNeedMore: the frame is not all there
+// yet; kBad: the bytes can never become a valid frame (unknown type, wrong
+// item count, lengths that overrun, a length above max_frame_bytes), and the
+// connection must be closed. Never reads past buffer.size().
+Decoded decode(std::string_view buffer, std::size_t max_frame_bytes);
+
+// Item counts each type must carry ("kGathered" carries 1 + pool size: at
+// least one). Exposed for the tests.
+bool item_count_allowed(Type type, std::size_t count);
+std::string_view type_name(Type type);
+
+}  // namespace dew::runtime::wire

@@ -1,0 +1,149 @@
+// Reading a topology file: read it whole, check it is well-formed, hand it to
+// the reader for its format, assemble. Every failure is one line naming the
+// file and the problem.
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <optional>
+#include <string>
+
+#include <pugixml.hpp>
+
+#include "dew/topology.h"
+#include "build.h"
+
+namespace dew::topology {
+namespace {
+
+// Real topology files are tens to hundreds of KiB; hwloc XML of a 1000-core
+// machine with every I/O device stays under a few MiB.
+constexpr std::uintmax_t kMaxFileBytes = 64u << 20;
+
+constexpr std::string_view kExpected =
+    "expected hwloc XML, NCCL topology XML or the text of `nvidia-smi topo -m`";
+
+// Bounds hwloc does not check and pays for in memory and time: a PU or NUMA
+// node without os_index makes hwloc set bit 2^32-1 of a bitmap (512 MiB, and
+// seconds), and a distance matrix of n objects holds n^2 values.
+std::optional<Error> check_hwloc_bounds(const pugi::xml_node& root, const std::string& name) {
+  constexpr unsigned long kMaxOsIndex = 1ul << 20;  // a million PUs or NUMA nodes
+  constexpr unsigned long long kMaxMatrixObjects = 1024;  // a DGX-2 has 28, an NVL72 rack ~110
+  // Every element, depth first, without recursion (the nesting is the file's).
+  for (pugi::xml_node node = root.first_child(); node;) {
+    const std::string tag = node.name();
+    const std::string type = node.attribute("type").value();
+    if (tag == "object" && (type == "PU" || type == "NUMANode")) {
+      const pugi::xml_attribute index = node.attribute("os_index");
+      const std::string text = index.value();
+      const bool digits =
+          !text.empty() && text.size() <= 7 && text.find_first_not_of("0123456789") == std::string::npos;
+      if (!index || !digits || std::stoul(text) >= kMaxOsIndex) {
+        return invalid_argument(name + ": <object type=\"" + type + "\" os_index=\"" + detail::printable(text) +
+                     "\"> is not allowed; allowed: an os_index from 0 to " + std::to_string(kMaxOsIndex - 1));
+      }
+    }
+    if (tag == "distances" || tag == "distances2" || tag == "distances2hetero") {
+      const unsigned long long count = node.attribute("nbobjs").as_ullong(0);
+      if (count > kMaxMatrixObjects) {
+        return invalid_argument(name + ": <" + tag + " nbobjs=\"" + std::to_string(count) +
+                     "\"> is not allowed; allowed: at most " + std::to_string(kMaxMatrixObjects) + " objects");
+      }
+    }
+    if (node.first_child()) {
+      node = node.first_child();
+      continue;
+    }
+    while (node && node != root && !node.next_sibling()) node = node.parent();
+    if (!node || node == root) break;
+    node = node.next_sibling();
+  }
+  return std::nullopt;
+}
+
+Result<detail::Draft> read_xml(std::string_view content, const std::string& name) {
+  pugi::xml_document document;
+  pugi::xml_parse_result parsed =
+      document.load_buffer(content.data(), content.size(), pugi::parse_default, pugi::encoding_utf8);
+  if (!parsed) {
+    // A file cut short (a copy that stopped, a paste that lost its tail) is
+    // the usual cause: say so when the root element is never closed.
+    // pugixml may place an error at the end of input one past its last byte.
+    const auto offset = std::min(static_cast<std::size_t>(parsed.offset), content.size());
+    const std::string where = " at byte " + std::to_string(offset) + " of " + std::to_string(content.size());
+    const std::string root(detail::xml_root_name(content));
+    const std::size_t last = content.find_last_not_of(" \t\r\n");
+    const std::string_view tail = content.substr(0, last == std::string_view::npos ? 0 : last + 1);
+    const std::string closing = "</" + root + ">";
+    const bool closed = !root.empty() && tail.size() >= closing.size() &&
+                        tail.substr(tail.size() - closing.size()) == closing;
+    if (!closed) {
+      const std::string missing = root.empty() ? "its root element" : detail::printable(closing);
+      return invalid_argument(name + ": truncated XML: it ends before " + missing + " (" + parsed.description() + where + ")");
+    }
+    return invalid_argument(name + ": malformed XML" + where + ": " + parsed.description());
+  }
+  pugi::xml_node root = document.document_element();
+  const std::string root_name = root.name();
+  if (root_name == "topology") {
+    // hwloc 2.x writes version="2.0"; 1.x wrote no version at all.
+    const int version = root.attribute("version") ? root.attribute("version").as_int(2) : 1;
+    if (auto error = check_hwloc_bounds(root, name)) return *error;
+    return detail::read_hwloc_xml(content, name, version >= 2 ? 2 : 1);
+  }
+  if (root_name == "system") return detail::read_nccl_xml(content, name);
+  return invalid_argument(name + ": XML root element <" + detail::printable(root_name) +
+               "> is neither hwloc's <topology> nor NCCL's <system>; " + std::string(kExpected));
+}
+
+}  // namespace
+
+Result<Topology> parse_topology_text(std::string_view content, std::string_view name) {
+  const std::string label(name);
+  if (content.find_first_not_of(" \t\r\n") == std::string_view::npos) {
+    return invalid_argument(label + ": empty file; " + std::string(kExpected));
+  }
+  std::string_view start = content.substr(content.find_first_not_of(" \t\r\n"));
+  if (start.substr(0, 3) == "\xEF\xBB\xBF") start.remove_prefix(3);
+
+  Result<detail::Draft> draft = Error{};
+  if (start.substr(0, 1) == "<") {
+    draft = read_xml(content, label);
+  } else if (detect_topology_format(content) == TopologyFormat::kNvidiaSmiText) {
+    draft = detail::read_nvidia_smi_text(content, label);
+  } else {
+    return invalid_argument(label + ": not a topology file; " + std::string(kExpected));
+  }
+  if (!draft.ok()) return draft.error();
+  if (draft.value().gpus.size() > detail::kMaxGpus) {
+    return invalid_argument(label + ": " + std::to_string(draft.value().gpus.size()) +
+                            " GPUs is not allowed; allowed: at most " + std::to_string(detail::kMaxGpus) +
+                            " in one topology");
+  }
+  return detail::assemble(std::move(draft.value()));
+}
+
+Result<Topology> load_topology_file(const std::string& path) {
+  std::error_code error;
+  const auto status = std::filesystem::status(path, error);
+  if (error) {
+    const std::string what = path + ": cannot read: " + error.message();
+    return error == std::errc::no_such_file_or_directory ? not_found(what) : system_error(what);
+  }
+  if (std::filesystem::is_directory(status)) return invalid_argument(path + ": cannot read: it is a directory");
+  const std::uintmax_t size = std::filesystem::file_size(path, error);
+  if (!error && size > kMaxFileBytes) {
+    return invalid_argument(path + ": " + std::to_string(size >> 20) +
+                            " MiB is too large for a topology file; allowed: up to " +
+                            std::to_string(kMaxFileBytes >> 20) + " MiB");
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return system_error(path + ": cannot read: " + std::strerror(errno));
+  std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) return system_error(path + ": cannot read: " + std::strerror(errno));
+  return parse_topology_text(content, path);
+}
+
+}  // namespace dew::topology

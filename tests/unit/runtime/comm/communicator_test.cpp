@@ -1,0 +1,84 @@
+// The Gloo communicator with every rank a thread of this process over real
+// loopback TCP, rendezvous through the in-process stand-in store: each
+// collective for groups of 1, 2, 3 and 4, and its errors.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collective_checks.h"
+#include "dew/comm.h"
+#include "expect_error.h"
+
+namespace {
+
+using dew::comm::Communicator;
+using dew::comm::GlooOptions;
+using dew::comm::KeyValue;
+using ::testing::HasSubstr;
+using dew::ErrorCode;
+using dew::error_code_name;
+using namespace dew::comm::testing;
+
+// Runs body(communicator) on `size` threads, one Gloo rank each.
+void spawn(int size, const std::function<void(Communicator&)>& body, const std::string& prefix = "test") {
+  KeyValue store = dew::comm::local_key_value();
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < size; ++rank) {
+    threads.emplace_back([&, rank] {
+      GlooOptions options;
+      options.rank = rank;
+      options.size = size;
+      options.store = store;
+      options.prefix = prefix;
+      auto comm = dew::comm::make_gloo_communicator(options);
+      ASSERT_TRUE(comm.ok()) << comm.error().message;
+      body(*comm.value());
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+class CommunicatorTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(CommunicatorTest, AllToAll) {
+  spawn(GetParam(), [n = GetParam()](Communicator& comm) { check_all_to_all(comm, n); });
+}
+
+TEST_P(CommunicatorTest, AllGather) {
+  spawn(GetParam(), [n = GetParam()](Communicator& comm) { check_all_gather(comm, n); });
+}
+
+TEST_P(CommunicatorTest, ReduceScatterSumsInRankOrder) {
+  spawn(GetParam(), [n = GetParam()](Communicator& comm) { check_reduce_scatter(comm, n, /*rank_order=*/true); });
+}
+
+TEST_P(CommunicatorTest, ManyCallsInARowAndGrowingSizes) {
+  spawn(GetParam(), [n = GetParam()](Communicator& comm) { check_many_calls(comm, n); });
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, CommunicatorTest, ::testing::Values(1, 2, 3, 4));
+
+TEST(CommunicatorErrorsTest, SizesThatDoNotFit) { spawn(2, check_size_errors); }
+
+TEST(CommunicatorErrorsTest, BadRankAndMissingPeer) {
+  GlooOptions options;
+  options.rank = 2;
+  options.size = 2;
+  options.store = dew::comm::local_key_value();
+  EXPECT_EQ(dew::testing::invalid_argument_of(dew::comm::make_gloo_communicator(options)),
+            "gloo: rank 2 of 2 is not allowed; allowed: 0 <= rank < size, size >= 1");
+  // Rank 1 never comes: rank 0's rendezvous ends with an error, not a hang.
+  options.rank = 0;
+  options.store = dew::comm::local_key_value(std::chrono::milliseconds(300));
+  const auto r = dew::comm::make_gloo_communicator(options);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(r.error().code == ErrorCode::kTimeout || r.error().code == ErrorCode::kUnavailable)
+      << error_code_name(r.error().code);
+  EXPECT_EQ(r.error().message.find('\n'), std::string::npos) << "one line";
+}
+
+}  // namespace

@@ -1,0 +1,144 @@
+// A real pool member for the tests and benchmarks: joins through libdew and
+// plays one scenario. Lines the tests read start with a word in capitals.
+//
+//   pool_worker exchange            put/get, all_gather, agreements
+//   pool_worker throw R             rank R throws at step 3 of a step loop
+//   pool_worker fail R CODE         rank R calls pool.fail(..., CODE) at step 3
+//   pool_worker crash R             rank R gets SIGSEGV at step 3
+//   pool_worker steps               steps of agree("step") until killed
+//   pool_worker stall R SECONDS     rank R sleeps before agree("checkpoint"), patience 2 s
+//   pool_worker hold SECONDS        join, print READY, sleep, then exchange
+//   pool_worker shared DIR          require_shared_directory(DIR with %r = rank)
+//   pool_worker fingerprint         compile_cache_key()
+//   pool_worker watchdog MS         one step longer than a StepWatchdog of MS
+//   pool_worker join                join and leave (benchmarks)
+//   pool_worker start               exit before joining (the benchmarks' baseline)
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "dew/pool.h"
+
+namespace {
+
+using dew::runtime::Pool;
+using namespace std::chrono_literals;
+
+void line(const std::string& text) {
+  std::cout << text << std::endl;
+}
+
+int exchange(Pool& pool) {
+  const int r = pool.rank();
+  const int n = pool.size();
+  pool.put("greeting." + std::to_string(r), "hello from " + std::to_string(r));
+  pool.agree("put");
+  std::string gets;
+  for (int peer = 0; peer < n; ++peer) {
+    gets += (peer ? "|" : "") + pool.get("greeting." + std::to_string(peer), 10s);
+  }
+  std::string gathered;
+  const auto all = pool.all_gather("rank " + std::to_string(r) + std::string(static_cast<std::size_t>(r) * 1000, 'x'));
+  for (const auto& part : all) gathered += (gathered.empty() ? "" : "|") + part.substr(0, part.find('x'));
+  // A second gather round must not see the first's bytes.
+  const auto again = pool.all_gather(std::to_string(r * r));
+  std::string squares;
+  for (const auto& part : again) squares += (squares.empty() ? "" : ",") + part;
+  for (int i = 0; i < 3; ++i) pool.agree("loop");
+  line("RESULT rank=" + std::to_string(r) + " size=" + std::to_string(n) + " source=" +
+       std::string(dew::runtime::source_name(pool.identity().source)) + " backend=" + pool.backend() +
+       " local=" + std::to_string(pool.identity().local_rank) + "/" + std::to_string(pool.identity().local_size) +
+       " gets=" + gets + " gather=" + gathered + " squares=" + squares);
+  return 0;
+}
+
+// Steps of one agreement each; `at_step3` runs on `rank` at step 3.
+template <typename F>
+int steps(Pool& pool, int rank, F at_step3) {
+  for (int step = 0;; ++step) {
+    if (step == 1 && pool.rank() == 0) line("READY");
+    if (step == 3 && pool.rank() == rank) at_step3();
+    pool.agree("step");
+    std::this_thread::sleep_for(20ms);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::cerr << "usage: pool_worker SCENARIO [ARGS]\n";
+    return 2;
+  }
+  const std::string scenario = argv[1];
+  auto arg = [&](int i) { return i < argc ? std::stoi(argv[i]) : 0; };
+  if (scenario == "watchdog") {
+    // The watchdog needs no pool: it fails the process on its own.
+    dew::runtime::StepWatchdog watchdog(std::chrono::milliseconds(arg(2)));
+    { auto step = watchdog.step(); std::this_thread::sleep_for(50ms); }
+    line("STEP 1 done");
+    auto step = watchdog.step();
+    std::this_thread::sleep_for(std::chrono::milliseconds(arg(2) * 10));
+    line("STEP 2 done (the watchdog missed it)");
+    return 0;
+  }
+  if (scenario == "start") return 0;
+  Pool pool = dew::runtime::join();
+  if (scenario == "exchange") return exchange(pool);
+  if (scenario == "join") return 0;
+  if (scenario == "throw") {
+    steps(pool, arg(2), [&] {
+      // The benchmark times from this line (wall clock: other processes read it).
+      const auto now = std::chrono::system_clock::now().time_since_epoch();
+      line("FAILING at " + std::to_string(std::chrono::duration_cast<std::chrono::nanoseconds>(now).count()));
+      throw std::runtime_error("boom from rank " + std::to_string(pool.rank()));
+    });
+  }
+  if (scenario == "fail") {
+    steps(pool, arg(2), [&] { pool.fail("data loader raised on rank " + std::to_string(pool.rank()), arg(3)); });
+  }
+  if (scenario == "crash") {
+    // A real SIGSEGV, sent rather than caused: UBSan would stop a null store
+    // first, and the handler is the same either way.
+    steps(pool, arg(2), [&] { kill(getpid(), SIGSEGV); });
+  }
+  if (scenario == "steps") steps(pool, -1, [] {});
+  if (scenario == "stall") {
+    if (pool.rank() == arg(2)) std::this_thread::sleep_for(std::chrono::seconds(arg(3)));
+    pool.agree("checkpoint", 2s);
+    line("AGREED");
+    return 0;
+  }
+  if (scenario == "hold") {
+    pool.agree("ready");
+    if (pool.rank() == 0) line("READY");
+    std::this_thread::sleep_for(std::chrono::seconds(arg(2)));
+    return exchange(pool);
+  }
+  if (scenario == "shared") {
+    std::string dir = argc > 2 ? argv[2] : ".";
+    if (auto at = dir.find("%r"); at != std::string::npos) dir.replace(at, 2, std::to_string(pool.rank()));
+    try {
+      pool.require_shared_directory(dir);
+      line("SHARED ok");
+      return 0;
+    } catch (const dew::runtime::PoolError& error) {
+      line(std::string("SHARED refused: ") + error.what());
+      return 3;
+    }
+  }
+  if (scenario == "fingerprint") {
+    const auto key = pool.compile_cache_key();
+    line("KEY " + key.value_or("none"));
+    return 0;
+  }
+  std::cerr << "pool_worker: unknown scenario '" << scenario << "'\n";
+  return 2;
+}
