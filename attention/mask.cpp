@@ -37,10 +37,10 @@ std::optional<Error> check_dims(const Dims& dims) {
   return std::nullopt;
 }
 
-Result<MaskPlan> MaskPlan::make(const Mask& mask, const Dims& dims, int query_block, int key_block) {
-  if (auto error = check_dims(dims)) return *error;
-  if (query_block < 1) return bad("query_block", query_block, "a whole number >= 1");
-  if (key_block < 1) return bad("key_block", key_block, "a whole number >= 1");
+namespace {
+
+// The mask's positions, segments and window against the call's dims.
+std::optional<Error> check_mask(const Mask& mask, const Dims& dims) {
   const Positions& pos = mask.positions;
   const std::int64_t whole_q = pos.whole_query_length < 0 ? dims.query_length : pos.whole_query_length;
   const std::int64_t whole_k = pos.whole_key_length < 0 ? dims.key_length : pos.whole_key_length;
@@ -77,6 +77,32 @@ Result<MaskPlan> MaskPlan::make(const Mask& mask, const Dims& dims, int query_bl
       return bad("window right", mask.window->right, "0 to 2^40");
   }
 
+  return std::nullopt;
+}
+
+// Per block of `block` values, the smallest and the largest.
+void block_bounds(const std::vector<std::int64_t>& values, std::int64_t block, std::vector<std::int64_t>& lo,
+                  std::vector<std::int64_t>& hi) {
+  const std::int64_t n = static_cast<std::int64_t>(values.size());
+  for (std::int64_t start = 0; start < n; start += block) {
+    const auto first = values.begin() + start;
+    const auto last = values.begin() + std::min(n, start + block);
+    const auto [min_it, max_it] = std::minmax_element(first, last);
+    lo.push_back(*min_it);
+    hi.push_back(*max_it);
+  }
+}
+
+}  // namespace
+
+Result<MaskPlan> MaskPlan::make(const Mask& mask, const Dims& dims, int query_block, int key_block) {
+  if (auto error = check_dims(dims)) return *error;
+  if (query_block < 1) return bad("query_block", query_block, "a whole number >= 1");
+  if (key_block < 1) return bad("key_block", key_block, "a whole number >= 1");
+  if (auto error = check_mask(mask, dims)) return *error;
+  const Positions& pos = mask.positions;
+  const std::int64_t whole_q = pos.whole_query_length < 0 ? dims.query_length : pos.whole_query_length;
+  const std::int64_t whole_k = pos.whole_key_length < 0 ? dims.key_length : pos.whole_key_length;
   MaskPlan plan;
   plan.causal_ = mask.causal;
   plan.windowed_ = mask.window.has_value();
@@ -109,19 +135,8 @@ Result<MaskPlan> MaskPlan::make(const Mask& mask, const Dims& dims, int query_bl
     }
     plan.key_pos_[static_cast<std::size_t>(j)] = p;
   }
-  auto bounds = [](const std::vector<std::int64_t>& values, std::int64_t block, std::vector<std::int64_t>& lo,
-                   std::vector<std::int64_t>& hi) {
-    const std::int64_t n = static_cast<std::int64_t>(values.size());
-    for (std::int64_t start = 0; start < n; start += block) {
-      const auto first = values.begin() + start;
-      const auto last = values.begin() + std::min(n, start + block);
-      const auto [min_it, max_it] = std::minmax_element(first, last);
-      lo.push_back(*min_it);
-      hi.push_back(*max_it);
-    }
-  };
-  bounds(plan.aligned_, query_block, plan.q_lo_, plan.q_hi_);
-  bounds(plan.key_pos_, key_block, plan.k_lo_, plan.k_hi_);
+  block_bounds(plan.aligned_, query_block, plan.q_lo_, plan.q_hi_);
+  block_bounds(plan.key_pos_, key_block, plan.k_lo_, plan.k_hi_);
   if (plan.documents_) plan.set_batch(0);
   return plan;
 }

@@ -1,6 +1,7 @@
 // The rule that picks a sequence-parallel exchange, as the design page's
 // sequence_parallel_attention holds it, and the mask parser (`dew attention-plan --mask`).
 #include <algorithm>
+#include <optional>
 #include <cstdio>
 #include <string>
 
@@ -91,7 +92,10 @@ std::string_view exchange_name(Exchange exchange) {
   return exchange == Exchange::kAllToAll ? "all-to-all" : "gather";
 }
 
-Result<Plan> choose_exchange(const Call& call) {
+namespace {
+
+// Every value of the call in range, and the heads splitting over tensor.
+std::optional<Error> check_call(const Call& call) {
   const std::string counts = "a whole number from 1 to " + str(kMaxCount);
   const std::string lengths = "a whole number from 1 to 2^40";
   if (call.heads < 1 || call.heads > kMaxCount) return value_error("heads", call.heads, counts);
@@ -115,61 +119,68 @@ Result<Plan> choose_exchange(const Call& call) {
     return not_allowed("mask", "window=" + str(call.mask.window.left) + "," + str(call.mask.window.right),
                        kMaskAllowed);
   }
-  const int h_all = call.heads, t = call.tensor, n = call.sequence;
-  const std::int64_t lq = call.query_length, lk = call.key_length;
-  if (h_all % t != 0) {
-    return unsupported("neither exchange can run: heads " + str(h_all) + " do not divide by tensor " + str(t) +
-                       " (every tensor shard needs whole query heads)");
+  if (call.heads % call.tensor != 0) {
+    return unsupported("neither exchange can run: heads " + str(call.heads) + " do not divide by tensor " +
+                       str(call.tensor) + " (every tensor shard needs whole query heads)");
   }
-  Plan plan;
-  const int group = h_all / call.kv_heads;
-  const int h = h_all / t;
-  plan.shard_heads = h;
-  for (int shard = 0; shard < t; ++shard)
-    plan.shard_kv_heads = std::max(plan.shard_kv_heads, kv_heads_of(shard * h, h, group));
-  const int k = plan.shard_kv_heads;
-  const bool masked = call.mask.kind != MaskKind::kNone;
-  const double per_value = static_cast<double>(call.head_dim) * call.bytes_per_value;
-  const std::int64_t peers = n - 1;
+  return std::nullopt;
+}
 
-  // The all-to-all: whole query heads per device, lengths split evenly.
+// The all-to-all: whole query heads per device, lengths split evenly.
+void cost_all_to_all(const Call& call, int group, Plan& plan) {
+  const int h_all = call.heads, t = call.tensor, n = call.sequence, h = plan.shard_heads;
+  const std::int64_t lq = call.query_length, lk = call.key_length;
   ExchangeCost& a2a = plan.all_to_all;
   if (h % n != 0) {
     a2a.why_not = "the query heads per tensor shard, heads " + str(h_all) + " / tensor " + str(t) + " = " +
                   str(h) + ", do not divide by sequence " + str(n);
-  } else if (lq % n != 0) {
-    a2a.why_not = "the query length " + str(lq) + " does not divide by sequence " + str(n);
-  } else if (lk % n != 0) {
-    a2a.why_not = "the key length " + str(lk) + " does not divide by sequence " + str(n);
-  } else {
-    a2a.can_run = true;
-    int most = 0;  // key heads the busiest device of a sequence group needs
-    for (int shard = 0; shard < t; ++shard)
-      for (int device = 0; device < n; ++device)
-        most = std::max(most, kv_heads_of(shard * h + device * (h / n), h / n, group));
-    plan.repeated_kv_heads = most * n;
-    a2a.units = 2.0 * (h + plan.repeated_kv_heads) / n;
-    const double values = static_cast<double>(peers) * (2.0 * (h / n) * (lq / n) + 2.0 * most * (lk / n));
-    a2a.bytes = static_cast<std::int64_t>(values * per_value);
+    return;
   }
+  if (lq % n != 0) {
+    a2a.why_not = "the query length " + str(lq) + " does not divide by sequence " + str(n);
+    return;
+  }
+  if (lk % n != 0) {
+    a2a.why_not = "the key length " + str(lk) + " does not divide by sequence " + str(n);
+    return;
+  }
+  a2a.can_run = true;
+  int most = 0;  // key heads the busiest device of a sequence group needs
+  for (int shard = 0; shard < t; ++shard)
+    for (int device = 0; device < n; ++device)
+      most = std::max(most, kv_heads_of(shard * h + device * (h / n), h / n, group));
+  plan.repeated_kv_heads = most * n;
+  a2a.units = 2.0 * (h + plan.repeated_kv_heads) / n;
+  const double values = static_cast<double>(n - 1) * (2.0 * (h / n) * (lq / n) + 2.0 * most * (lk / n));
+  const double per_value = static_cast<double>(call.head_dim) * call.bytes_per_value;
+  a2a.bytes = static_cast<std::int64_t>(values * per_value);
+}
 
-  // The gather: any head count and key length; masked calls balance their
-  // work over 2N chunks, which needs the query length to divide by 2N.
+// The gather: any head count and key length; masked calls balance their
+// work over 2N chunks, which needs the query length to divide by 2N.
+void cost_gather(const Call& call, Plan& plan) {
+  const int n = call.sequence, k = plan.shard_kv_heads;
+  const std::int64_t lq = call.query_length, lk = call.key_length;
   ExchangeCost& gather = plan.gather;
-  if (masked && n > 1 && lq % (2 * n) != 0) {
+  if (call.mask.kind != MaskKind::kNone && n > 1 && lq % (2 * n) != 0) {
     gather.why_not = "a " + format_mask_kind(call.mask) + " call cuts the query length into 2 x sequence = " +
                      str(2 * n) + " chunks, and " + str(lq) + " does not divide by " + str(2 * n);
-  } else {
-    gather.can_run = true;
-    gather.units = 2.0 * k;
-    const std::int64_t shard = (lk + n - 1) / n;
-    gather.bytes = static_cast<std::int64_t>(static_cast<double>(peers) * 2.0 * k * static_cast<double>(shard) *
-                                             per_value);
+    return;
   }
+  gather.can_run = true;
+  gather.units = 2.0 * k;
+  const std::int64_t shard = (lk + n - 1) / n;
+  const double per_value = static_cast<double>(call.head_dim) * call.bytes_per_value;
+  gather.bytes = static_cast<std::int64_t>(static_cast<double>(n - 1) * 2.0 * k * static_cast<double>(shard) *
+                                           per_value);
+}
 
-  if (!a2a.can_run && !gather.can_run) {
-    return unsupported("neither exchange can run: all-to-all: " + a2a.why_not + "; gather: " + gather.why_not);
-  }
+// Which of the two, and why, once both are costed.
+void decide(const Call& call, Plan& plan) {
+  const int n = call.sequence;
+  const bool masked = call.mask.kind != MaskKind::kNone;
+  const ExchangeCost& a2a = plan.all_to_all;
+  const ExchangeCost& gather = plan.gather;
   const std::string units_text = " units of length x head width x (N-1)/N per device";
   if (n == 1) {
     plan.exchange = Exchange::kAllToAll;
@@ -216,6 +227,24 @@ Result<Plan> choose_exchange(const Call& call) {
                     num(gather.units) + units_text;
     }
   }
+}
+
+}  // namespace
+
+Result<Plan> choose_exchange(const Call& call) {
+  if (auto bad = check_call(call)) return *bad;
+  Plan plan;
+  const int group = call.heads / call.kv_heads;
+  plan.shard_heads = call.heads / call.tensor;
+  for (int shard = 0; shard < call.tensor; ++shard)
+    plan.shard_kv_heads = std::max(plan.shard_kv_heads, kv_heads_of(shard * plan.shard_heads, plan.shard_heads, group));
+  cost_all_to_all(call, group, plan);
+  cost_gather(call, plan);
+  if (!plan.all_to_all.can_run && !plan.gather.can_run) {
+    return unsupported("neither exchange can run: all-to-all: " + plan.all_to_all.why_not + "; gather: " +
+                       plan.gather.why_not);
+  }
+  decide(call, plan);
   return plan;
 }
 

@@ -10,7 +10,7 @@
 // --backend nccl (built where /usr/local/cuda has NCCL) makes every rank an
 // NCCL rank on its own GPU (rank r on GPU r: N GPUs for N devices) instead of
 // a Gloo rank; the attention kernel still runs on the CPU, so the collectives
-// copy host <-> GPU around NCCL (nccl_communicator.h). This is the issue's
+// copy host <-> GPU around NCCL (runtime/comm/dew/nccl.h). This is the issue's
 // grid over NCCL (benchmark c).
 //
 // A run of an exchange is as many back-to-back calls as fill M milliseconds
@@ -18,7 +18,7 @@
 // mostly scheduler and loopback noise, and the rule is scored against
 // differences of a few percent.
 //
-// Two rules are scored: the seed's (the gather kernel runs masks as a dense
+// Two rules are scored: the design page's (the gather kernel runs masks as a dense
 // bias, so masked calls take the all-to-all) and the one for the kernel that
 // ran here, Dew's CPU kernel, which skips masked blocks in both exchanges.
 #include <cblas.h>
@@ -238,86 +238,83 @@ struct Score {
   }
 };
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  const char* usage =
-      "usage: attention_exchange [--devices N1,N2] [--head-dims D1,D2] [--heads H/K,...] [--lengths L1,L2,...] "
-      "[--runs R] [--min-ms M] [--backend gloo|nccl]\n";
+struct Options {
   std::vector<std::int64_t> devices = {2}, head_dims = {64}, lengths = {1024, 2048}, runs_list = {3},
                             min_ms_list = {250};
-  if (argc % 2 == 0) {
-    std::fputs(usage, stderr);
-    return 2;
-  }
   std::vector<std::pair<int, int>> heads = {{16, 8}, {32, 8}, {16, 16}, {4, 4}};
   Backend backend = Backend::kGloo;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string arg = argv[i], value = argv[i + 1];
-    if (arg == "--backend") {
+};
+
+constexpr const char* kUsage =
+    "usage: attention_exchange [--devices N1,N2] [--head-dims D1,D2] [--heads H/K,...] [--lengths L1,L2,...] "
+    "[--runs R] [--min-ms M] [--backend gloo|nccl]\n";
+
+// One option and its value; false (after one line on stderr) when refused.
+bool take_option(const std::string& arg, const std::string& value, Options& o) {
+  if (arg == "--backend") {
 #ifdef DEW_HAVE_NCCL
-      const char* allowed = "gloo, nccl";
-      const bool known = value == "gloo" || value == "nccl";
+    const char* allowed = "gloo, nccl";
+    const bool known = value == "gloo" || value == "nccl";
 #else
-      const char* allowed = "gloo (this build has no NCCL: /usr/local/cuda lacked the CUDA runtime or NCCL)";
-      const bool known = value == "gloo";
+    const char* allowed = "gloo (this build has no NCCL: /usr/local/cuda lacked the CUDA runtime or NCCL)";
+    const bool known = value == "gloo";
 #endif
-      if (!known) {
-        std::fprintf(stderr, "attention_exchange: --backend %s is not allowed; allowed: %s\n%s", value.c_str(), allowed,
-                     usage);
-        return 2;
-      }
-      backend = value == "nccl" ? Backend::kNccl : Backend::kGloo;
-      continue;
+    if (!known) {
+      std::fprintf(stderr, "attention_exchange: --backend %s is not allowed; allowed: %s\n%s", value.c_str(), allowed,
+                   kUsage);
+      return false;
     }
-    if (arg == "--heads") {
-      if (!parse_heads(value, heads)) {
-        std::fprintf(stderr, "attention_exchange: --heads %s is not allowed; allowed: H/K pairs, comma separated, K "
-                             "dividing H (e.g. 16/8,4/4)\n%s", value.c_str(), usage);
-        return 2;
-      }
-      continue;
-    }
-    std::vector<std::int64_t>* target = arg == "--devices"     ? &devices
-                                        : arg == "--head-dims" ? &head_dims
-                                        : arg == "--lengths"   ? &lengths
-                                        : arg == "--runs"      ? &runs_list
-                                        : arg == "--min-ms"    ? &min_ms_list
-                                                               : nullptr;
-    const bool one_value_only = target == &runs_list || target == &min_ms_list;
-    if (target == nullptr || !parse_list(value, *target) || (one_value_only && target->size() != 1)) {
-      std::fprintf(stderr, "attention_exchange: %s %s is not allowed; allowed: positive whole numbers, comma "
-                           "separated (--runs, --min-ms: one)\n%s", arg.c_str(), value.c_str(), usage);
-      return 2;
-    }
+    o.backend = value == "nccl" ? Backend::kNccl : Backend::kGloo;
+    return true;
   }
+  if (arg == "--heads") {
+    if (parse_heads(value, o.heads)) return true;
+    std::fprintf(stderr, "attention_exchange: --heads %s is not allowed; allowed: H/K pairs, comma separated, K "
+                         "dividing H (e.g. 16/8,4/4)\n%s", value.c_str(), kUsage);
+    return false;
+  }
+  std::vector<std::int64_t>* target = arg == "--devices"     ? &o.devices
+                                      : arg == "--head-dims" ? &o.head_dims
+                                      : arg == "--lengths"   ? &o.lengths
+                                      : arg == "--runs"      ? &o.runs_list
+                                      : arg == "--min-ms"    ? &o.min_ms_list
+                                                             : nullptr;
+  const bool one_value_only = target == &o.runs_list || target == &o.min_ms_list;
+  if (target != nullptr && parse_list(value, *target) && !(one_value_only && target->size() != 1)) return true;
+  std::fprintf(stderr, "attention_exchange: %s %s is not allowed; allowed: positive whole numbers, comma "
+                       "separated (--runs, --min-ms: one)\n%s", arg.c_str(), value.c_str(), kUsage);
+  return false;
+}
+
+// One NCCL rank per GPU: said before the grid, not from inside it.
+bool enough_gpus(const Options& o) {
 #ifdef DEW_HAVE_NCCL
-  if (backend == Backend::kNccl) {
-    // One NCCL rank per GPU: say so before the grid, not from inside it.
-    int gpus = 0;
-    const cudaError_t status = cudaGetDeviceCount(&gpus);
-    const std::int64_t most = *std::max_element(devices.begin(), devices.end());
-    if (status != cudaSuccess || gpus < most) {
-      std::fprintf(stderr, "attention_exchange: --backend nccl with --devices %lld needs %lld GPUs (one NCCL rank per "
-                           "GPU); this machine has %s\n",
-                   static_cast<long long>(most), static_cast<long long>(most),
-                   status != cudaSuccess ? (std::string("none: ") + cudaGetErrorString(status)).c_str()
-                                         : std::to_string(gpus).c_str());
-      return 2;
-    }
-  }
+  if (o.backend != Backend::kNccl) return true;
+  int gpus = 0;
+  const cudaError_t status = cudaGetDeviceCount(&gpus);
+  const std::int64_t most = *std::max_element(o.devices.begin(), o.devices.end());
+  if (status == cudaSuccess && gpus >= most) return true;
+  std::fprintf(stderr, "attention_exchange: --backend nccl with --devices %lld needs %lld GPUs (one NCCL rank per "
+                       "GPU); this machine has %s\n",
+               static_cast<long long>(most), static_cast<long long>(most),
+               status != cudaSuccess ? (std::string("none: ") + cudaGetErrorString(status)).c_str()
+                                     : std::to_string(gpus).c_str());
+  return false;
+#else
+  (void)o;
+  return true;
 #endif
-  const int runs = int(runs_list[0]);
-  const double min_seconds = double(min_ms_list[0]) / 1000.0;
-  openblas_set_num_threads(1);
+}
+
+void print_header(const Options& o, int runs, double min_seconds) {
   std::printf("sequence-parallel exchanges over a CPU pool: N thread-ranks, %s, fp32, batch 1\n",
-              backend == Backend::kNccl ? "NCCL ranks (rank r on GPU r; the kernel on the CPU, host <-> GPU copies)"
-                                        : "Gloo over loopback TCP");
+              o.backend == Backend::kNccl ? "NCCL ranks (rank r on GPU r; the kernel on the CPU, host <-> GPU copies)"
+                                          : "Gloo over loopback TCP");
   std::printf("time: forward + backward of one call, slowest rank, median of %d runs after 1 warm-up, a run being as "
               "many back-to-back calls as fill %.0f ms; exchanges interleaved per run\n",
               runs, 1000.0 * min_seconds);
-  std::printf("rules: 'seed' = the seed's (gather kernel dense-bias: masked calls take the all-to-all); 'cpu' = "
-              "for Dew's CPU kernel (skips-masked-blocks: bytes decide)\n");
+  std::printf("rules: 'design' = the design page's (gather kernel dense-bias: masked calls take the all-to-all); "
+              "'cpu' = for Dew's CPU kernel (skips-masked-blocks: bytes decide)\n");
   // Under a true tie each interleaved run picks a winner by a coin toss, so
   // all R agree by chance with probability 2 / 2^R: the '?' test's false
   // "decided" rate.
@@ -325,51 +322,72 @@ int main(int argc, char** argv) {
               "tie passes as decided with chance 2/2^%d = %.0f%%)\n\n",
               runs, 100.0 * 2.0 / std::ldexp(1.0, runs));
   std::printf("%-2s %-4s %-6s %-6s %-7s %11s %11s %-11s %-11s %7s %-11s %7s\n", "N", "D", "heads", "length", "mask",
-              "all-to-all", "gather", "faster", "seed rule", "miss", "cpu rule", "miss");
-  Score seed, cpu;
-  for (const std::int64_t n : devices)
-    for (const std::int64_t head_dim : head_dims)
-      for (const auto& [h, k] : heads)
-        for (const std::int64_t length : lengths)
-          for (const bool causal : {false, true}) {
-            Call call;
-            call.heads = h;
-            call.kv_heads = k;
-            call.query_length = call.key_length = length;
-            call.sequence = int(n);
-            call.head_dim = int(head_dim);
-            call.bytes_per_value = 4;
-            call.mask.kind = causal ? MaskKind::kCausal : MaskKind::kNone;
-            auto seed_plan = choose_exchange(call);
-            call.gather_kernel = GatherKernel::kSkipsMaskedBlocks;
-            auto cpu_plan = choose_exchange(call);
-            if (!seed_plan.ok() || !cpu_plan.ok()) {
-              std::printf("%-2lld %-4lld %3d/%-3d %-6lld %-7s %s\n", static_cast<long long>(n),
-                          static_cast<long long>(head_dim), h, k, static_cast<long long>(length),
-                          causal ? "causal" : "none",
-                          (!seed_plan.ok() ? seed_plan : cpu_plan).error().message.c_str());
-              continue;
-            }
-            const Times times = time_shape(Shape{h, k, length, causal}, int(n), int(head_dim), runs, min_seconds, backend);
-            const double ta = dew::median(times.all_to_all), tg = dew::median(times.gather);
-            const Exchange faster = ta <= tg ? Exchange::kAllToAll : Exchange::kGather;
-            int a2a_wins = 0;
-            for (std::size_t r = 0; r < times.all_to_all.size(); ++r)
-              a2a_wins += times.all_to_all[r] <= times.gather[r] ? 1 : 0;
-            const bool decided = a2a_wins == 0 || a2a_wins == runs;
-            const Exchange by_seed = seed_plan.value().exchange, by_cpu = cpu_plan.value().exchange;
-            const double seed_miss = seed.add(by_seed, faster, decided, ta, tg);
-            const double cpu_miss = cpu.add(by_cpu, faster, decided, ta, tg);
-            std::printf("%-2lld %-4lld %3d/%-3d %-6lld %-7s %10.4fs %10.4fs %-11s %-11s %6.1f%% %-11s %6.1f%%\n",
-                        static_cast<long long>(n), static_cast<long long>(head_dim), h, k,
-                        static_cast<long long>(length), causal ? "causal" : "none", ta, tg,
-                        (std::string(exchange_name(faster)) + (decided ? "" : "?")).c_str(),
-                        std::string(exchange_name(by_seed)).c_str(),
-                        100.0 * seed_miss, std::string(exchange_name(by_cpu)).c_str(), 100.0 * cpu_miss);
-            std::fflush(stdout);
-          }
+              "all-to-all", "gather", "faster", "design rule", "miss", "cpu rule", "miss");
+}
+
+// One shape of the grid: both exchanges timed, one row, each rule scored.
+void run_shape(const Shape& shape, int n, int head_dim, int runs, double min_seconds, Backend backend,
+               Score& design, Score& cpu) {
+  Call call;
+  call.heads = shape.heads;
+  call.kv_heads = shape.kv_heads;
+  call.query_length = call.key_length = shape.length;
+  call.sequence = n;
+  call.head_dim = head_dim;
+  call.bytes_per_value = 4;
+  call.mask.kind = shape.causal ? MaskKind::kCausal : MaskKind::kNone;
+  auto design_plan = choose_exchange(call);
+  call.gather_kernel = GatherKernel::kSkipsMaskedBlocks;
+  auto cpu_plan = choose_exchange(call);
+  const char* mask = shape.causal ? "causal" : "none";
+  if (!design_plan.ok() || !cpu_plan.ok()) {
+    std::printf("%-2d %-4d %3d/%-3d %-6lld %-7s %s\n", n, head_dim, shape.heads, shape.kv_heads,
+                static_cast<long long>(shape.length), mask,
+                (!design_plan.ok() ? design_plan : cpu_plan).error().message.c_str());
+    return;
+  }
+  const Times times = time_shape(shape, n, head_dim, runs, min_seconds, backend);
+  const double ta = dew::median(times.all_to_all), tg = dew::median(times.gather);
+  const Exchange faster = ta <= tg ? Exchange::kAllToAll : Exchange::kGather;
+  int a2a_wins = 0;
+  for (std::size_t r = 0; r < times.all_to_all.size(); ++r) a2a_wins += times.all_to_all[r] <= times.gather[r] ? 1 : 0;
+  const bool decided = a2a_wins == 0 || a2a_wins == runs;
+  const Exchange by_design = design_plan.value().exchange, by_cpu = cpu_plan.value().exchange;
+  const double design_miss = design.add(by_design, faster, decided, ta, tg);
+  const double cpu_miss = cpu.add(by_cpu, faster, decided, ta, tg);
+  std::printf("%-2d %-4d %3d/%-3d %-6lld %-7s %10.4fs %10.4fs %-11s %-11s %6.1f%% %-11s %6.1f%%\n", n, head_dim,
+              shape.heads, shape.kv_heads, static_cast<long long>(shape.length), mask, ta, tg,
+              (std::string(exchange_name(faster)) + (decided ? "" : "?")).c_str(),
+              std::string(exchange_name(by_design)).c_str(), 100.0 * design_miss,
+              std::string(exchange_name(by_cpu)).c_str(), 100.0 * cpu_miss);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (argc % 2 == 0) {
+    std::fputs(kUsage, stderr);
+    return 2;
+  }
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!take_option(argv[i], argv[i + 1], o)) return 2;
+  }
+  if (!enough_gpus(o)) return 2;
+  const int runs = int(o.runs_list[0]);
+  const double min_seconds = double(o.min_ms_list[0]) / 1000.0;
+  openblas_set_num_threads(1);
+  print_header(o, runs, min_seconds);
+  Score design, cpu;
+  for (const std::int64_t n : o.devices)
+    for (const std::int64_t head_dim : o.head_dims)
+      for (const auto& [h, k] : o.heads)
+        for (const std::int64_t length : o.lengths)
+          for (const bool causal : {false, true})
+            run_shape(Shape{h, k, length, causal}, int(n), int(head_dim), runs, min_seconds, o.backend, design, cpu);
   std::printf("\n");
-  seed.print("seed rule");
-  cpu.print("cpu rule ");
+  design.print("design rule");
+  cpu.print("cpu rule   ");
   return 0;
 }

@@ -255,6 +255,90 @@ std::string_view layout_name(Layout layout) {
   return "?";
 }
 
+namespace {
+
+// The caller's order: graph indices in mesh order, or an error naming the
+// device that is not in the graph or given twice.
+Result<std::vector<int>> explicit_indices(const MeshSpec& spec, const DeviceGraph& graph, const std::vector<int>& order) {
+  if (spec.replicas != 1) {
+    return invalid_argument("mesh: replicas=" + std::to_string(spec.replicas) +
+                            " with an explicit device order; the order fixes the layout, so give replicas=1 or "
+                            "no device order");
+  }
+  if (order.empty()) return invalid_argument("mesh: the device order is empty; allowed: device ids of the graph");
+  std::map<int, int> index_of;
+  for (std::size_t d = 0; d < graph.devices.size(); ++d) index_of[graph.devices[d].id] = static_cast<int>(d);
+  std::set<int> seen;
+  std::vector<int> indices;
+  for (const int id : order) {
+    const auto it = index_of.find(id);
+    if (it == index_of.end()) {
+      return invalid_argument("mesh: device " + std::to_string(id) + " in the device order is not one of the " +
+                              std::to_string(graph.devices.size()) + " devices (ids " +
+                              std::to_string(index_of.begin()->first) + " to " +
+                              std::to_string(index_of.rbegin()->first) + ")");
+    }
+    if (!seen.insert(id).second) {
+      return invalid_argument("mesh: device " + std::to_string(id) +
+                              " appears twice in the device order; give each once");
+    }
+    indices.push_back(it->second);
+  }
+  return indices;
+}
+
+// The granules and the block of the mesh each holds: hybrid for replicas >
+// 1, else placement per granule when the granules tile the mesh.
+Result<MeshShape> granule_blocks(const MeshSpec& spec, const DeviceGraph& graph, const std::vector<int>& plain,
+                                 Mesh& mesh, Granules& granules) {
+  granules = find_granules(graph, plain, false);
+  if (spec.replicas > 1) {
+    mesh.layout = Layout::kHybrid;
+    if (granules.names.size() == 1) granules = find_granules(graph, plain, true);
+    if (auto error = check_equal(granules)) return *error;
+    return hybrid_inner(mesh.shape, spec.replicas, granules);
+  }
+  mesh.layout = Layout::kPlacement;
+  std::optional<MeshShape> inner;
+  if (check_equal(granules)) {
+    mesh.notes.push_back("granules hold different device counts: placed all " + std::to_string(plain.size()) +
+                         " devices as one granule");
+  } else {
+    inner = consecutive_inner(mesh.shape, static_cast<int>(granules.members[0].size()));
+    if (!inner) {
+      mesh.notes.push_back("a granule of " + std::to_string(granules.members[0].size()) +
+                           " devices is not a block of the mesh: placed all " + std::to_string(plain.size()) +
+                           " devices as one granule");
+    }
+  }
+  if (inner) return *inner;
+  granules = Granules{{"all"}, {plain}, false};
+  return mesh.shape;
+}
+
+// Placement: granules in id order, each granule's devices in its best order.
+Result<std::vector<int>> placed_indices(const MeshSpec& spec, const DeviceGraph& graph, const std::vector<int>& plain,
+                                        Mesh& mesh) {
+  Granules granules;
+  auto inner = granule_blocks(spec, graph, plain, mesh, granules);
+  if (!inner.ok()) return inner.error();
+  const Placement placement = place_granules(graph, granules, inner.value());
+  mesh.exact = placement.exact;
+  if (!placement.exact) {
+    const auto size = static_cast<int>(granules.members[0].size());
+    mesh.notes.push_back(
+        (size > kExactPlacementLimit
+             ? "granules of " + std::to_string(size) + " devices exceed " + std::to_string(kExactPlacementLimit)
+             : "the exact search over " + std::to_string(size) + " devices ran out of its budget") +
+        ": heuristic placement, never worse than the id order");
+  }
+  mesh.granules = granules.names;
+  mesh.granule_shape = inner.value();
+  return fill_blocks(mesh.shape, inner.value(), granules, placement.order);
+}
+
+}  // namespace
+
 Result<Mesh> build_mesh(const MeshSpec& spec, const DeviceGraph& graph, const std::optional<std::vector<int>>& order) {
   if (auto error = check_graph(graph)) return *error;
   if (spec.replicas < 1 || spec.replicas > kMaxSize) {
@@ -265,80 +349,25 @@ Result<Mesh> build_mesh(const MeshSpec& spec, const DeviceGraph& graph, const st
   std::vector<int> indices;  // graph indices in mesh order
   std::vector<int> plain;    // the same devices by id
   if (order) {
-    if (spec.replicas != 1) {
-      return invalid_argument("mesh: replicas=" + std::to_string(spec.replicas) +
-                   " with an explicit device order; the order fixes the layout, so give replicas=1 or "
-                   "no device order");
-    }
-    if (order->empty()) return invalid_argument("mesh: the device order is empty; allowed: device ids of the graph");
-    std::map<int, int> index_of;
-    for (std::size_t d = 0; d < graph.devices.size(); ++d) index_of[graph.devices[d].id] = static_cast<int>(d);
-    std::set<int> seen;
-    for (const int id : *order) {
-      const auto it = index_of.find(id);
-      if (it == index_of.end()) {
-        return invalid_argument("mesh: device " + std::to_string(id) + " in the device order is not one of the " +
-                     std::to_string(graph.devices.size()) + " devices (ids " + std::to_string(index_of.begin()->first) +
-                     " to " + std::to_string(index_of.rbegin()->first) + ")");
-      }
-      if (!seen.insert(id).second) {
-        return invalid_argument("mesh: device " + std::to_string(id) + " appears twice in the device order; give each once");
-      }
-      indices.push_back(it->second);
-    }
-    auto shape = resolve_shape(spec, static_cast<int>(indices.size()));
-    if (!shape.ok()) return shape.error();
-    mesh.shape = shape.value();
-    mesh.layout = Layout::kExplicit;
-    mesh.granule_shape = mesh.shape;
-    mesh.granules = {"given order"};
+    auto given = explicit_indices(spec, graph, *order);
+    if (!given.ok()) return given.error();
+    indices = given.value();
     plain = indices;
     std::sort(plain.begin(), plain.end(), [&](int a, int b) { return graph.devices[a].id < graph.devices[b].id; });
   } else {
     plain = by_id(graph);
-    auto shape = resolve_shape(spec, static_cast<int>(plain.size()));
-    if (!shape.ok()) return shape.error();
-    mesh.shape = shape.value();
-    Granules granules = find_granules(graph, plain, false);
-    std::optional<MeshShape> inner;
-    if (spec.replicas > 1) {
-      mesh.layout = Layout::kHybrid;
-      if (granules.names.size() == 1) granules = find_granules(graph, plain, true);
-      if (auto error = check_equal(granules)) return *error;
-      auto split = hybrid_inner(mesh.shape, spec.replicas, granules);
-      if (!split.ok()) return split.error();
-      inner = split.value();
-    } else {
-      mesh.layout = Layout::kPlacement;
-      if (check_equal(granules)) {
-        mesh.notes.push_back("granules hold different device counts: placed all " + std::to_string(plain.size()) +
-                             " devices as one granule");
-      } else {
-        inner = consecutive_inner(mesh.shape, static_cast<int>(granules.members[0].size()));
-        if (!inner) {
-          mesh.notes.push_back("a granule of " + std::to_string(granules.members[0].size()) +
-                               " devices is not a block of the mesh: placed all " + std::to_string(plain.size()) +
-                               " devices as one granule");
-        }
-      }
-      if (!inner) {
-        granules = Granules{{"all"}, {plain}, false};
-        inner = mesh.shape;
-      }
-    }
-    const Placement placement = place_granules(graph, granules, *inner);
-    mesh.exact = placement.exact;
-    if (!placement.exact) {
-      const auto size = static_cast<int>(granules.members[0].size());
-      mesh.notes.push_back(
-          (size > kExactPlacementLimit
-               ? "granules of " + std::to_string(size) + " devices exceed " + std::to_string(kExactPlacementLimit)
-               : "the exact search over " + std::to_string(size) + " devices ran out of its budget") +
-          ": heuristic placement, never worse than the id order");
-    }
-    indices = fill_blocks(mesh.shape, *inner, granules, placement.order);
-    mesh.granules = granules.names;
-    mesh.granule_shape = *inner;
+  }
+  auto shape = resolve_shape(spec, static_cast<int>(plain.size()));
+  if (!shape.ok()) return shape.error();
+  mesh.shape = shape.value();
+  if (order) {
+    mesh.layout = Layout::kExplicit;
+    mesh.granule_shape = mesh.shape;
+    mesh.granules = {"given order"};
+  } else {
+    auto placed = placed_indices(spec, graph, plain, mesh);
+    if (!placed.ok()) return placed.error();
+    indices = placed.value();
   }
   const auto n = static_cast<int>(graph.devices.size());
   for (const int d : indices) {

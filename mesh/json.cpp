@@ -1,5 +1,5 @@
 // The mesh as JSON for programs (`dew mesh --json`). "<axis>_groups" holds
-// processes, as the seed's distribution worker writes them to pool.json, so
+// processes, as the design page's distribution worker writes them to pool.json, so
 // the two can be compared directly; "<axis>_group_devices" holds device ids.
 #include <cmath>
 #include <nlohmann/json.hpp>

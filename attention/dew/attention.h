@@ -138,7 +138,7 @@ Result<Stats> backward(const Inputs<T>& inputs, const T* out, const T* lse, cons
 std::int64_t allowed_pairs(const Mask& mask, const Dims& dims);
 
 // ---------------------------------------------------------------------------
-// The rule: which exchange a sequence-parallel call runs (the seed's
+// The rule: which exchange a sequence-parallel call runs (the design page's
 // sequence_parallel_attention).
 
 enum class MaskKind { kNone, kCausal, kWindow, kDocuments };
@@ -153,7 +153,7 @@ struct MaskSpec {
 Result<MaskSpec> parse_mask_kind(std::string_view text);
 std::string format_mask_kind(const MaskSpec& mask);
 
-// How the kernel behind the gather treats a mask. The seed's rule sends
+// How the kernel behind the gather treats a mask. The design page's rule sends
 // masked calls to the all-to-all because cuDNN runs the gather's mask for its
 // reordered rows as a dense bias over every logit (kDenseBias, the default).
 // Dew's CPU kernel evaluates masks at global positions and skips fully
@@ -186,7 +186,7 @@ struct ExchangeCost {
   bool can_run = false;
   std::string why_not;  // when it cannot run
   // Per device, one forward call: in units of length x head width x (N-1)/N
-  // (the seed's count over one tensor shard's heads: all-to-all 2(H + K')/N,
+  // (the design page's count over one tensor shard's heads: all-to-all 2(H + K')/N,
   // gather 2K), and in bytes (the device that sends most).
   double units = 0;
   std::int64_t bytes = 0;

@@ -69,7 +69,7 @@ struct DeviceGraph {
 // for graphs given by a rule (a CPU pool, NVLink pairs, tests, benchmarks).
 std::vector<double> bandwidth_matrix(int n, const std::function<double(int, int)>& link);
 
-// P processes of D devices on one machine (the seed's rehearsal pool): ids
+// P processes of D devices on one machine (the design page's rehearsal pool): ids
 // 0..P*D-1 process by process, one shared granule, equal links.
 DeviceGraph cpu_pool(int processes, int devices_per_process);
 
@@ -114,7 +114,7 @@ struct AxisGroups {
   // other axes' coordinates.
   std::vector<std::vector<int>> devices;
   // The processes each group's devices sit on: sorted, each once (the
-  // seed's pool.json "fsdp_groups").
+  // design page's pool.json "fsdp_groups").
   std::vector<std::vector<int>> processes;
 };
 
@@ -141,7 +141,7 @@ Result<Mesh> build_mesh(const MeshSpec& spec, const DeviceGraph& graph,
                         const std::optional<std::vector<int>>& order = std::nullopt);
 
 // The mesh for programs: axes, shape, devices, "<axis>_groups" (processes,
-// as the seed's pool.json), "<axis>_group_devices", scores (GB/s, null for
+// as the design page's pool.json), "<axis>_group_devices", scores (GB/s, null for
 // size-1 axes), granules and notes.
 std::string mesh_to_json(const Mesh& mesh);
 

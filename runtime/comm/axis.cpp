@@ -1,5 +1,5 @@
 // Communicators for mesh axis groups over the runtime pool
-// (axis_communicator.h). axis_member is pure; the rest gathers the pool's
+// (dew/comm.h). axis_member is pure; the rest gathers the pool's
 // store and this host's address and hands them to make_gloo_communicator.
 #include "dew/comm.h"
 

@@ -258,34 +258,59 @@ std::string base_name(std::string_view path) {
   return std::string(slash == std::string_view::npos ? path : path.substr(slash + 1));
 }
 
-Topology assemble(Draft draft) {
-  Topology topology;
-  topology.source = std::move(draft.source);
-  topology.numa_nodes = draft.numa_nodes;
-  topology.granule = std::move(draft.granule);
+namespace {
 
-  const bool given = !draft.given_path.empty();
-  std::vector<GpuSite>& sites = draft.gpus;
-  const std::size_t n = sites.size();
-  // CUDA_DEVICE_ORDER=PCI_BUS_ID order, when every GPU has a bus id (given
-  // matrices keep the order the file numbers them in).
-  const bool all_bus_ids = std::all_of(sites.begin(), sites.end(),
-                                       [](const GpuSite& s) { return !s.gpu.pci_bus_id.empty(); });
-  if (!given && all_bus_ids) {
-    std::stable_sort(sites.begin(), sites.end(), [](const GpuSite& a, const GpuSite& b) {
-      return a.gpu.pci_bus_id < b.gpu.pci_bus_id;
-    });
-  }
-
-  NvLinkMatrix nv = nvlink_matrix(sites, draft.nvlinks, kDefaultNvlinkGbpsPerLink);
-  bool guessed_nvlink_rate = nv.guessed_rate;
-  bool guessed_pcie = false;
+// What assemble() had to guess, said once each in the notes.
+struct Guesses {
+  bool nvlink_rate = false;
+  bool pcie = false;
   bool unknown_path = false;
+};
 
+// The class and NVLink count of pair (i, j), and the NVLinks' bandwidth:
+// as the source states them, or from the places and bundles it gives.
+PathClass pair_path(const Draft& draft, const NvLinkMatrix& nv, std::size_t i, std::size_t j, int& links,
+                    double& nvlink_gbps, Guesses& guessed) {
+  const auto& sites = draft.gpus;
+  const std::size_t at = i * sites.size() + j;
+  if (!draft.given_path.empty()) {
+    const PathClass path = draft.given_path[at];
+    links = path == PathClass::kNVLink ? draft.given_nvlinks[at] : 0;
+    if (links > 0) {
+      double rate = std::min(sites[i].nvlink_gbps_per_link, sites[j].nvlink_gbps_per_link);
+      if (!(rate > 0)) {
+        rate = kDefaultNvlinkGbpsPerLink;
+        guessed.nvlink_rate = true;
+      }
+      nvlink_gbps = links * rate;
+    }
+    return path;
+  }
+  links = nv.links[at];
+  nvlink_gbps = nv.gbps[at];
+  if (links > 0) return PathClass::kNVLink;
+  if (sites[i].place && sites[j].place) return pcie_path_class(*sites[i].place, *sites[j].place, draft.numa_nodes <= 1);
+  return PathClass::kUnknown;
+}
+
+// PCIe bandwidth of a pair: the slower of the two GPUs' links, or Gen3 x16.
+double pcie_gbps(const GpuSite& a, const GpuSite& b, PathClass path, Guesses& guessed) {
+  double link = (a.pcie_gbps > 0 && b.pcie_gbps > 0) ? std::min(a.pcie_gbps, b.pcie_gbps)
+                                                     : (a.pcie_gbps > 0 ? a.pcie_gbps : b.pcie_gbps);
+  if (!(link > 0)) {
+    link = kDefaultPcieGbps;
+    guessed.pcie = true;
+  }
+  return pcie_bandwidth_gbps(path, link);
+}
+
+void fill_matrices(const Draft& draft, Topology& topology, Guesses& guessed) {
+  const std::size_t n = draft.gpus.size();
+  NvLinkMatrix nv = nvlink_matrix(draft.gpus, draft.nvlinks, kDefaultNvlinkGbpsPerLink);
+  guessed.nvlink_rate = nv.guessed_rate;
   topology.path.assign(n * n, PathClass::kUnknown);
   topology.nvlinks.assign(n * n, 0);
   topology.bandwidth_gbps.assign(n * n, 0.0);
-  const bool single_numa = draft.numa_nodes <= 1;
   for (std::size_t i = 0; i < n; ++i) {
     for (std::size_t j = 0; j < n; ++j) {
       const std::size_t at = i * n + j;
@@ -293,61 +318,49 @@ Topology assemble(Draft draft) {
         topology.path[at] = PathClass::kSelf;
         continue;
       }
-      PathClass path = PathClass::kUnknown;
       int links = 0;
       double nvlink_gbps = 0;
-      if (given) {
-        path = draft.given_path[at];
-        links = path == PathClass::kNVLink ? draft.given_nvlinks[at] : 0;
-        if (links > 0) {
-          double rate = std::min(sites[i].nvlink_gbps_per_link, sites[j].nvlink_gbps_per_link);
-          if (!(rate > 0)) {
-            rate = kDefaultNvlinkGbpsPerLink;
-            guessed_nvlink_rate = true;
-          }
-          nvlink_gbps = links * rate;
-        }
-      } else {
-        links = nv.links[at];
-        nvlink_gbps = nv.gbps[at];
-        if (links > 0) {
-          path = PathClass::kNVLink;
-        } else if (sites[i].place && sites[j].place) {
-          path = pcie_path_class(*sites[i].place, *sites[j].place, single_numa);
-        }
-      }
+      const PathClass path = pair_path(draft, nv, i, j, links, nvlink_gbps, guessed);
       topology.path[at] = path;
       topology.nvlinks[at] = links;
       if (path == PathClass::kNVLink) {
         topology.bandwidth_gbps[at] = nvlink_gbps;
       } else if (path == PathClass::kUnknown) {
-        unknown_path = true;
+        guessed.unknown_path = true;
       } else {
-        double a = sites[i].pcie_gbps;
-        double b = sites[j].pcie_gbps;
-        double link = (a > 0 && b > 0) ? std::min(a, b) : (a > 0 ? a : b);
-        if (!(link > 0)) {
-          link = kDefaultPcieGbps;
-          guessed_pcie = true;
-        }
-        topology.bandwidth_gbps[at] = pcie_bandwidth_gbps(path, link);
+        topology.bandwidth_gbps[at] = pcie_gbps(draft.gpus[i], draft.gpus[j], path, guessed);
       }
     }
   }
+}
 
-  for (std::size_t i = 0; i < n; ++i) {
+}  // namespace
+
+Topology assemble(Draft draft) {
+  Topology topology;
+  topology.source = std::move(draft.source);
+  topology.numa_nodes = draft.numa_nodes;
+  topology.granule = std::move(draft.granule);
+  std::vector<GpuSite>& sites = draft.gpus;
+  // CUDA_DEVICE_ORDER=PCI_BUS_ID order, when every GPU has a bus id (given
+  // matrices keep the order the file numbers them in).
+  const bool all_bus_ids = std::all_of(sites.begin(), sites.end(),
+                                       [](const GpuSite& s) { return !s.gpu.pci_bus_id.empty(); });
+  if (draft.given_path.empty() && all_bus_ids) {
+    std::stable_sort(sites.begin(), sites.end(), [](const GpuSite& a, const GpuSite& b) {
+      return a.gpu.pci_bus_id < b.gpu.pci_bus_id;
+    });
+  }
+  Guesses guessed;
+  fill_matrices(draft, topology, guessed);
+  for (std::size_t i = 0; i < sites.size(); ++i) {
     topology.gpus.push_back(std::move(sites[i].gpu));
     topology.gpus.back().index = static_cast<int>(i);
   }
-
   std::vector<std::string> notes = std::move(draft.notes);
-  if (guessed_nvlink_rate) {
-    notes.push_back("NVLink generation unknown: 25 GB/s per link assumed");
-  }
-  if (guessed_pcie) {
-    notes.push_back("PCIe link speed unknown: Gen3 x16 (15.75 GB/s) assumed");
-  }
-  if (unknown_path) {
+  if (guessed.nvlink_rate) notes.push_back("NVLink generation unknown: 25 GB/s per link assumed");
+  if (guessed.pcie) notes.push_back("PCIe link speed unknown: Gen3 x16 (15.75 GB/s) assumed");
+  if (guessed.unknown_path) {
     notes.push_back("some GPU pairs have no path class: the source does not place every GPU on PCIe");
   }
   std::set<std::string> seen;

@@ -14,11 +14,13 @@
 // from the header, and read the named columns by their names.
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "build.h"
+#include "dew/text.h"
 
 namespace dew::topology::detail {
 namespace {
@@ -104,138 +106,182 @@ std::optional<int> numa_number(const std::string& text) {
   return std::atoi(text.c_str());
 }
 
-}  // namespace
-
-Result<Draft> read_nvidia_smi_text(std::string_view content, std::string_view name) {
-  const std::string label(name);
-  auto fail = [&](std::size_t line, const std::string& problem) {
-    return invalid_argument(label + ": line " + std::to_string(line + 1) + ": " + problem);
-  };
-
-  std::vector<std::vector<std::string>> lines;
-  for (std::size_t begin = 0; begin <= content.size();) {
-    std::size_t end = content.find('\n', begin);
-    if (end == std::string_view::npos) end = content.size();
-    lines.push_back(smi_words(content.substr(begin, end - begin)));
-    begin = end + 1;
+// The matrix, read in steps: where it is, its columns, its GPU rows, the
+// cells; each step an Error naming the line, or nothing.
+class MatrixReader {
+ public:
+  MatrixReader(std::string_view content, std::string_view name) : label_(name) {
+    for (const auto& line : split(content, '\n')) lines_.push_back(smi_words(line));
   }
 
-  std::size_t first_row = lines.size();
-  for (std::size_t i = 0; i < lines.size(); ++i) {
-    if (lines[i].size() >= 2 && lines[i][0] == "GPU0" && lines[i][1] == "X") {
-      first_row = i;
-      break;
-    }
+  Result<Draft> read(std::string_view name) {
+    if (auto bad = find_matrix()) return *bad;
+    if (auto bad = read_columns()) return *bad;
+    if (auto bad = collect_rows()) return *bad;
+    Draft draft;
+    if (auto bad = fill(draft)) return *bad;
+    if (auto bad = check_symmetric(draft)) return *bad;
+    bool has_numa_column = false;
+    for (Named named : header_.named) has_numa_column = has_numa_column || named == Named::kNumaAffinity;
+    if (!has_numa_column) draft.notes.push_back("no NUMA Affinity column (an older driver): NUMA nodes unknown");
+    draft.source = "nvidia-smi topo -m text (" + base_name(name) + ")";
+    draft.granule = "file:" + base_name(name);
+    draft.notes.push_back("nvidia-smi text names no PCI bus ids, models or link speeds");
+    if (gpu_columns_.empty()) draft.notes.push_back("no NVIDIA GPU found");
+    return draft;
   }
-  if (first_row == lines.size()) return invalid_argument(label + ": no matrix row \"GPU0 X ...\" in the text");
-  std::size_t header_line = first_row;
-  for (std::size_t i = first_row; i-- > 0;) {
-    if (!lines[i].empty()) {
-      header_line = i;
-      break;
-    }
+
+ private:
+  Error fail(std::size_t line, const std::string& problem) const {
+    return invalid_argument(label_ + ": line " + std::to_string(line + 1) + ": " + problem);
   }
-  if (header_line == first_row || lines[header_line][0] != "GPU0") {
-    return fail(first_row, "the matrix has no header line above it (GPU0 GPU1 ... CPU Affinity)");
-  }
-  const Header header = read_header(lines[header_line]);
-  std::map<std::string, std::size_t> column;  // device label -> column
-  std::vector<std::size_t> gpu_columns;
-  for (std::size_t c = 0; c < header.devices.size(); ++c) {
-    if (!column.emplace(header.devices[c], c).second) {
-      return fail(header_line, "the header names " + printable(header.devices[c]) + " twice");
-    }
-    int number = 0;
-    if (is_gpu_label(header.devices[c], number)) {
-      if (number != static_cast<int>(gpu_columns.size())) {
-        return fail(header_line, "the header names " + header.devices[c] + " where GPU" +
-                                     std::to_string(gpu_columns.size()) + " belongs");
+
+  // The first row "GPU0 X ..." and the header line above it.
+  std::optional<Error> find_matrix() {
+    first_row_ = lines_.size();
+    for (std::size_t i = 0; i < lines_.size(); ++i) {
+      if (lines_[i].size() >= 2 && lines_[i][0] == "GPU0" && lines_[i][1] == "X") {
+        first_row_ = i;
+        break;
       }
-      gpu_columns.push_back(c);
     }
-  }
-  const std::size_t n = gpu_columns.size();
-  const std::size_t devices = header.devices.size();
-  if (n > kMaxGpus) {
-    return fail(header_line, "the header names " + std::to_string(n) + " GPUs; allowed: at most " +
-                                 std::to_string(kMaxGpus));
+    if (first_row_ == lines_.size()) return invalid_argument(label_ + ": no matrix row \"GPU0 X ...\" in the text");
+    header_line_ = first_row_;
+    for (std::size_t i = first_row_; i-- > 0;) {
+      if (!lines_[i].empty()) {
+        header_line_ = i;
+        break;
+      }
+    }
+    if (header_line_ == first_row_ || lines_[header_line_][0] != "GPU0") {
+      return fail(first_row_, "the matrix has no header line above it (GPU0 GPU1 ... CPU Affinity)");
+    }
+    header_ = read_header(lines_[header_line_]);
+    return std::nullopt;
   }
 
-  std::vector<std::vector<std::string>> rows(n);
-  std::vector<std::size_t> row_line(n, 0);
-  for (std::size_t i = first_row; i < lines.size(); ++i) {
-    const std::vector<std::string>& words = lines[i];
-    if (words.empty() || words[0] == "Legend:" || (words.size() > 1 && words[1] == "Legend:")) break;
-    auto it = column.find(words[0]);
-    if (it == column.end()) {
-      return fail(i, "row '" + printable(words[0]) + "' is not a device the header names");
+  // Every device column, and which of them are the GPUs, in order.
+  std::optional<Error> read_columns() {
+    for (std::size_t c = 0; c < header_.devices.size(); ++c) {
+      if (!column_.emplace(header_.devices[c], c).second) {
+        return fail(header_line_, "the header names " + printable(header_.devices[c]) + " twice");
+      }
+      int number = 0;
+      if (!is_gpu_label(header_.devices[c], number)) continue;
+      if (number != static_cast<int>(gpu_columns_.size())) {
+        return fail(header_line_, "the header names " + header_.devices[c] + " where GPU" +
+                                      std::to_string(gpu_columns_.size()) + " belongs");
+      }
+      gpu_columns_.push_back(c);
     }
-    if (words.size() < 1 + devices) {
-      return fail(i, "row " + printable(words[0]) + " has " + std::to_string(words.size() - 1) +
-                         " cells; the header names " + std::to_string(devices) + " devices (truncated?)");
+    if (gpu_columns_.size() > kMaxGpus) {
+      return fail(header_line_, "the header names " + std::to_string(gpu_columns_.size()) +
+                                    " GPUs; allowed: at most " + std::to_string(kMaxGpus));
     }
-    int number = 0;
-    if (!is_gpu_label(words[0], number)) continue;  // NIC rows: not GPU paths
-    const auto g = static_cast<std::size_t>(number);
-    if (!rows[g].empty()) return fail(i, "a second row for " + words[0]);
-    rows[g] = words;
-    row_line[g] = i;
+    return std::nullopt;
   }
 
-  Draft draft;
-  draft.given_path.assign(n * n, PathClass::kUnknown);
-  draft.given_nvlinks.assign(n * n, 0);
-  std::set<int> numa_nodes;
-  for (std::size_t g = 0; g < n; ++g) {
-    if (rows[g].empty()) {
-      return invalid_argument(label + ": the matrix has no row for GPU" + std::to_string(g) + " (truncated?)");
-    }
-    for (std::size_t h = 0; h < n; ++h) {
-      const std::string& cell = rows[g][1 + gpu_columns[h]];
-      PathClass path = PathClass::kUnknown;
-      int links = 0;
-      if (!read_cell(cell, path, links)) {
-        return fail(row_line[g], "GPU" + std::to_string(g) + "/GPU" + std::to_string(h) + " cell '" + printable(cell) +
-                                     "' is not one of X, NV#, PIX, PXB, PHB, NODE, SYS");
+  // The GPU rows, up to the first blank line or the legend.
+  std::optional<Error> collect_rows() {
+    const std::size_t devices = header_.devices.size();
+    rows_.assign(gpu_columns_.size(), {});
+    row_line_.assign(gpu_columns_.size(), 0);
+    for (std::size_t i = first_row_; i < lines_.size(); ++i) {
+      const std::vector<std::string>& words = lines_[i];
+      if (words.empty() || words[0] == "Legend:" || (words.size() > 1 && words[1] == "Legend:")) break;
+      if (column_.find(words[0]) == column_.end()) {
+        return fail(i, "row '" + printable(words[0]) + "' is not a device the header names");
       }
-      if ((path == PathClass::kSelf) != (g == h)) {
-        return fail(row_line[g], "GPU" + std::to_string(g) + "/GPU" + std::to_string(h) + " cell '" + printable(cell) +
-                                     (g == h ? "' must be X (the GPU itself)" : "' is X away from the diagonal"));
+      if (words.size() < 1 + devices) {
+        return fail(i, "row " + printable(words[0]) + " has " + std::to_string(words.size() - 1) +
+                           " cells; the header names " + std::to_string(devices) + " devices (truncated?)");
       }
-      draft.given_path[g * n + h] = path;
-      draft.given_nvlinks[g * n + h] = links;
+      int number = 0;
+      if (!is_gpu_label(words[0], number)) continue;  // NIC rows: not GPU paths
+      const auto g = static_cast<std::size_t>(number);
+      if (!rows_[g].empty()) return fail(i, "a second row for " + words[0]);
+      rows_[g] = words;
+      row_line_[g] = i;
     }
+    return std::nullopt;
+  }
+
+  std::string cell(std::size_t g, std::size_t h) const { return rows_[g][1 + gpu_columns_[h]]; }
+
+  // The path classes, NVLink counts, CPU and NUMA affinity of every GPU.
+  std::optional<Error> fill(Draft& draft) const {
+    const std::size_t n = gpu_columns_.size();
+    draft.given_path.assign(n * n, PathClass::kUnknown);
+    draft.given_nvlinks.assign(n * n, 0);
+    std::set<int> numa_nodes;
+    for (std::size_t g = 0; g < n; ++g) {
+      if (rows_[g].empty()) {
+        return invalid_argument(label_ + ": the matrix has no row for GPU" + std::to_string(g) + " (truncated?)");
+      }
+      for (std::size_t h = 0; h < n; ++h) {
+        PathClass path = PathClass::kUnknown;
+        int links = 0;
+        const std::string where = "GPU" + std::to_string(g) + "/GPU" + std::to_string(h) + " cell '" +
+                                  printable(cell(g, h));
+        if (!read_cell(cell(g, h), path, links)) {
+          return fail(row_line_[g], where + "' is not one of X, NV#, PIX, PXB, PHB, NODE, SYS");
+        }
+        if ((path == PathClass::kSelf) != (g == h)) {
+          return fail(row_line_[g], where + (g == h ? "' must be X (the GPU itself)" : "' is X away from the diagonal"));
+        }
+        draft.given_path[g * n + h] = path;
+        draft.given_nvlinks[g * n + h] = links;
+      }
+      draft.gpus.push_back(site_of(rows_[g]));
+      if (draft.gpus.back().gpu.numa_node) numa_nodes.insert(*draft.gpus.back().gpu.numa_node);
+    }
+    draft.numa_nodes = static_cast<int>(numa_nodes.size());
+    return std::nullopt;
+  }
+
+  GpuSite site_of(const std::vector<std::string>& row) const {
     GpuSite site;
-    std::size_t at = 1 + devices;
-    for (Named named : header.named) {
-      if (at >= rows[g].size()) break;
-      const std::string& value = rows[g][at++];
+    std::size_t at = 1 + header_.devices.size();
+    for (Named named : header_.named) {
+      if (at >= row.size()) break;
+      const std::string& value = row[at++];
       if (named == Named::kCpuAffinity && value != "N/A") site.gpu.cpu_affinity = value;
       if (named == Named::kNumaAffinity) site.gpu.numa_node = numa_number(value);
     }
-    if (site.gpu.numa_node) numa_nodes.insert(*site.gpu.numa_node);
-    draft.gpus.push_back(std::move(site));
-  }
-  for (std::size_t g = 0; g < n; ++g) {
-    for (std::size_t h = g + 1; h < n; ++h) {
-      if (draft.given_path[g * n + h] != draft.given_path[h * n + g] ||
-          draft.given_nvlinks[g * n + h] != draft.given_nvlinks[h * n + g]) {
-        return fail(row_line[h], "GPU" + std::to_string(h) + "/GPU" + std::to_string(g) + " says '" +
-                                     printable(rows[h][1 + gpu_columns[g]]) + "' but GPU" + std::to_string(g) + "/GPU" +
-                                     std::to_string(h) + " says '" + printable(rows[g][1 + gpu_columns[h]]) + "'");
-      }
-    }
+    return site;
   }
 
-  draft.numa_nodes = static_cast<int>(numa_nodes.size());
-  bool has_numa_column = false;
-  for (Named named : header.named) has_numa_column = has_numa_column || named == Named::kNumaAffinity;
-  if (!has_numa_column) draft.notes.push_back("no NUMA Affinity column (an older driver): NUMA nodes unknown");
-  draft.source = "nvidia-smi topo -m text (" + base_name(name) + ")";
-  draft.granule = "file:" + base_name(name);
-  draft.notes.push_back("nvidia-smi text names no PCI bus ids, models or link speeds");
-  if (n == 0) draft.notes.push_back("no NVIDIA GPU found");
-  return draft;
+  std::optional<Error> check_symmetric(const Draft& draft) const {
+    const std::size_t n = gpu_columns_.size();
+    for (std::size_t g = 0; g < n; ++g) {
+      for (std::size_t h = g + 1; h < n; ++h) {
+        if (draft.given_path[g * n + h] == draft.given_path[h * n + g] &&
+            draft.given_nvlinks[g * n + h] == draft.given_nvlinks[h * n + g]) {
+          continue;
+        }
+        return fail(row_line_[h], "GPU" + std::to_string(h) + "/GPU" + std::to_string(g) + " says '" +
+                                      printable(cell(h, g)) + "' but GPU" + std::to_string(g) + "/GPU" +
+                                      std::to_string(h) + " says '" + printable(cell(g, h)) + "'");
+      }
+    }
+    return std::nullopt;
+  }
+
+  std::string label_;
+  std::vector<std::vector<std::string>> lines_;
+  std::size_t first_row_ = 0;
+  std::size_t header_line_ = 0;
+  Header header_;
+  std::map<std::string, std::size_t> column_;  // device label -> column
+  std::vector<std::size_t> gpu_columns_;
+  std::vector<std::vector<std::string>> rows_;  // GPU g's row, words
+  std::vector<std::size_t> row_line_;
+};
+
+}  // namespace
+
+Result<Draft> read_nvidia_smi_text(std::string_view content, std::string_view name) {
+  return MatrixReader(content, name).read(name);
 }
 
 }  // namespace dew::topology::detail

@@ -109,93 +109,120 @@ std::string uuid_text(const unsigned char (&uuid)[16]) {
   return out;
 }
 
+// The NVML calls Dew makes, found in the loaded library (nullptr: absent).
+struct Calls {
+  InitFn init;
+  ShutdownFn shutdown;
+  CountFn count_devices;
+  HandleFn handle_of;
+  PciInfoFn pci_info;
+  NameFn name_of;
+  ComputeFn compute;
+  LinkStateFn link_state;
+  RemotePciFn remote_pci;
+  RemoteTypeFn remote_type;
+  FabricFn fabric;
+  ErrorStringFn error_string;
+
+  explicit Calls(Library& nvml)
+      : init(nvml.find<InitFn>({"nvmlInit_v2", "nvmlInit"})),
+        shutdown(nvml.find<ShutdownFn>({"nvmlShutdown"})),
+        count_devices(nvml.find<CountFn>({"nvmlDeviceGetCount_v2", "nvmlDeviceGetCount"})),
+        handle_of(nvml.find<HandleFn>({"nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetHandleByIndex"})),
+        pci_info(nvml.find<PciInfoFn>({"nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetPciInfo_v2", "nvmlDeviceGetPciInfo"})),
+        name_of(nvml.find<NameFn>({"nvmlDeviceGetName"})),
+        compute(nvml.find<ComputeFn>({"nvmlDeviceGetCudaComputeCapability"})),
+        link_state(nvml.find<LinkStateFn>({"nvmlDeviceGetNvLinkState"})),
+        remote_pci(nvml.find<RemotePciFn>({"nvmlDeviceGetNvLinkRemotePciInfo_v2", "nvmlDeviceGetNvLinkRemotePciInfo"})),
+        remote_type(nvml.find<RemoteTypeFn>({"nvmlDeviceGetNvLinkRemoteDeviceType"})),
+        fabric(nvml.find<FabricFn>({"nvmlDeviceGetGpuFabricInfo"})),
+        error_string(nvml.find<ErrorStringFn>({"nvmlErrorString"})) {}
+
+  std::string says(NvmlReturn code) const {
+    const char* text = error_string != nullptr ? error_string(code) : nullptr;
+    return text != nullptr ? std::string(text) : "NVML error " + std::to_string(code);
+  }
+};
+
+// The active NVLinks of one GPU, bundled by the device at their far end.
+std::vector<NvmlLinks> links_of(const Calls& nvml, NvmlDevice device) {
+  std::map<std::string, NvmlLinks> by_remote;
+  for (unsigned link = 0; link < kMaxLinks; ++link) {
+    int active = 0;
+    NvmlPciInfo remote{};
+    if (nvml.link_state(device, link, &active) != kNvmlSuccess || active == 0) continue;
+    if (nvml.remote_pci(device, link, &remote) != kNvmlSuccess) continue;
+    NvmlLinks& entry = by_remote[bus_id_of(remote)];
+    entry.remote_bus_id = bus_id_of(remote);
+    entry.remote_is_nvidia = (remote.pci_device_id & 0xffff) == kNvidiaVendor;
+    int type = -1;
+    if (nvml.remote_type != nullptr && nvml.remote_type(device, link, &type) == kNvmlSuccess) {
+      entry.kind = type == kRemoteGpu      ? NvmlPeer::kGpu
+                   : type == kRemoteSwitch ? NvmlPeer::kSwitch
+                   : type == kRemoteIbmNpu ? NvmlPeer::kCpu
+                                           : NvmlPeer::kUnknown;
+    }
+    ++entry.links;
+  }
+  std::vector<NvmlLinks> links;
+  for (auto& [id, entry] : by_remote) links.push_back(entry);
+  return links;
+}
+
+NvmlGpu gpu_of(const Calls& nvml, NvmlDevice device, const NvmlPciInfo& pci) {
+  NvmlGpu gpu;
+  gpu.pci_bus_id = bus_id_of(pci);
+  if (nvml.name_of != nullptr) {
+    char name[96] = {};
+    if (nvml.name_of(device, name, sizeof name - 1) == kNvmlSuccess) gpu.model = name;
+  }
+  if (nvml.compute != nullptr) {
+    int major = 0;
+    int minor = 0;
+    if (nvml.compute(device, &major, &minor) == kNvmlSuccess && major > 0 && major < 100) gpu.sm = major * 10 + minor;
+  }
+  if (nvml.link_state != nullptr && nvml.remote_pci != nullptr) gpu.links = links_of(nvml, device);
+  if (nvml.fabric != nullptr) {
+    NvmlFabricInfo info{};
+    if (nvml.fabric(device, &info) == kNvmlSuccess && info.state == kFabricCompleted && info.status == kNvmlSuccess) {
+      gpu.fabric = uuid_text(info.cluster_uuid) + "/" + std::to_string(info.clique_id);
+    }
+  }
+  return gpu;
+}
+
 }  // namespace
 
 NvmlReport read_nvml() {
   NvmlReport report;
-  Library nvml;
-  if (!nvml.loaded()) {
-    report.problem = nvml.problem();
+  Library library;
+  if (!library.loaded()) {
+    report.problem = library.problem();
     return report;
   }
-  auto init = nvml.find<InitFn>({"nvmlInit_v2", "nvmlInit"});
-  auto shutdown = nvml.find<ShutdownFn>({"nvmlShutdown"});
-  auto count_devices = nvml.find<CountFn>({"nvmlDeviceGetCount_v2", "nvmlDeviceGetCount"});
-  auto handle_of = nvml.find<HandleFn>({"nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetHandleByIndex"});
-  auto pci_info = nvml.find<PciInfoFn>({"nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetPciInfo_v2", "nvmlDeviceGetPciInfo"});
-  auto name_of = nvml.find<NameFn>({"nvmlDeviceGetName"});
-  auto compute = nvml.find<ComputeFn>({"nvmlDeviceGetCudaComputeCapability"});
-  auto link_state = nvml.find<LinkStateFn>({"nvmlDeviceGetNvLinkState"});
-  auto remote_pci = nvml.find<RemotePciFn>({"nvmlDeviceGetNvLinkRemotePciInfo_v2", "nvmlDeviceGetNvLinkRemotePciInfo"});
-  auto remote_type = nvml.find<RemoteTypeFn>({"nvmlDeviceGetNvLinkRemoteDeviceType"});
-  auto fabric = nvml.find<FabricFn>({"nvmlDeviceGetGpuFabricInfo"});
-  auto error_string = nvml.find<ErrorStringFn>({"nvmlErrorString"});
-
-  if (init == nullptr || count_devices == nullptr || handle_of == nullptr || pci_info == nullptr) {
+  const Calls nvml(library);
+  if (nvml.init == nullptr || nvml.count_devices == nullptr || nvml.handle_of == nullptr || nvml.pci_info == nullptr) {
     report.problem = "libnvidia-ml.so.1 lacks nvmlInit_v2, nvmlDeviceGetCount_v2, nvmlDeviceGetHandleByIndex_v2 "
                      "or nvmlDeviceGetPciInfo";
     return report;
   }
-  auto says = [&](NvmlReturn code) {
-    const char* text = error_string != nullptr ? error_string(code) : nullptr;
-    return text != nullptr ? std::string(text) : "NVML error " + std::to_string(code);
-  };
-  if (NvmlReturn code = init(); code != kNvmlSuccess) {
-    report.problem = "nvmlInit failed: " + says(code);
+  if (NvmlReturn code = nvml.init(); code != kNvmlSuccess) {
+    report.problem = "nvmlInit failed: " + nvml.says(code);
     return report;
   }
   unsigned count = 0;
-  if (NvmlReturn code = count_devices(&count); code != kNvmlSuccess) {
-    report.problem = "nvmlDeviceGetCount failed: " + says(code);
-    if (shutdown != nullptr) shutdown();
-    return report;
+  if (NvmlReturn code = nvml.count_devices(&count); code != kNvmlSuccess) {
+    report.problem = "nvmlDeviceGetCount failed: " + nvml.says(code);
+  } else {
+    report.available = true;
+    for (unsigned index = 0; index < count && index < 1024; ++index) {
+      NvmlDevice device = nullptr;
+      NvmlPciInfo pci{};
+      if (nvml.handle_of(index, &device) != kNvmlSuccess || nvml.pci_info(device, &pci) != kNvmlSuccess) continue;
+      report.gpus.push_back(gpu_of(nvml, device, pci));
+    }
   }
-  report.available = true;
-  for (unsigned index = 0; index < count && index < 1024; ++index) {
-    NvmlDevice device = nullptr;
-    NvmlPciInfo pci{};
-    if (handle_of(index, &device) != kNvmlSuccess || pci_info(device, &pci) != kNvmlSuccess) continue;
-    NvmlGpu gpu;
-    gpu.pci_bus_id = bus_id_of(pci);
-    if (name_of != nullptr) {
-      char name[96] = {};
-      if (name_of(device, name, sizeof name - 1) == kNvmlSuccess) gpu.model = name;
-    }
-    if (compute != nullptr) {
-      int major = 0;
-      int minor = 0;
-      if (compute(device, &major, &minor) == kNvmlSuccess && major > 0 && major < 100) gpu.sm = major * 10 + minor;
-    }
-    if (link_state != nullptr && remote_pci != nullptr) {
-      std::map<std::string, NvmlLinks> by_remote;
-      for (unsigned link = 0; link < kMaxLinks; ++link) {
-        int active = 0;
-        NvmlPciInfo remote{};
-        if (link_state(device, link, &active) != kNvmlSuccess || active == 0) continue;
-        if (remote_pci(device, link, &remote) != kNvmlSuccess) continue;
-        NvmlLinks& entry = by_remote[bus_id_of(remote)];
-        entry.remote_bus_id = bus_id_of(remote);
-        entry.remote_is_nvidia = (remote.pci_device_id & 0xffff) == kNvidiaVendor;
-        int type = -1;
-        if (remote_type != nullptr && remote_type(device, link, &type) == kNvmlSuccess) {
-          entry.kind = type == kRemoteGpu      ? NvmlPeer::kGpu
-                       : type == kRemoteSwitch ? NvmlPeer::kSwitch
-                       : type == kRemoteIbmNpu ? NvmlPeer::kCpu
-                                               : NvmlPeer::kUnknown;
-        }
-        ++entry.links;
-      }
-      for (auto& [id, entry] : by_remote) gpu.links.push_back(entry);
-    }
-    if (fabric != nullptr) {
-      NvmlFabricInfo info{};
-      if (fabric(device, &info) == kNvmlSuccess && info.state == kFabricCompleted && info.status == kNvmlSuccess) {
-        gpu.fabric = uuid_text(info.cluster_uuid) + "/" + std::to_string(info.clique_id);
-      }
-    }
-    report.gpus.push_back(std::move(gpu));
-  }
-  if (shutdown != nullptr) shutdown();
+  if (nvml.shutdown != nullptr) nvml.shutdown();
   return report;
 }
 

@@ -59,7 +59,7 @@ TEST(SlurmPool, ARankThatThrowsEndsTheStepWithItsErrorPrintedOnce) {
   }
 }
 
-// Sequence-parallel attention (tests/pool/attention_pool_worker) over pools
+// Sequence-parallel attention (tests/unit/attention/pool_worker) over pools
 // that srun starts on the two nodes: every device a Gloo rank over TCP whose
 // rendezvous goes through the pool, both exchanges checked forward and
 // backward against whole-sequence attention on each rank.
@@ -78,7 +78,7 @@ void expect_attention(const RunResult& run, int processes, int devices_per_proce
 
 TEST(SlurmPool, SequenceParallelAttentionUnderSrunDewPool) {
   const char* attention_worker = std::getenv("DEW_ATTENTION_POOL_WORKER");
-  ASSERT_NE(attention_worker, nullptr) << "the build names tests/pool/attention_pool_worker here";
+  ASSERT_NE(attention_worker, nullptr) << "the build names tests/unit/attention/pool_worker here";
   // 2 nodes x 1 task x 2 devices: each node's devices are threads of its task.
   expect_attention(cluster().srun({"--dew-pool", "--dew-coordinator=127.0.0.1", "-N2", "--ntasks-per-node=1",
                                    attention_worker, "2"},
@@ -88,7 +88,7 @@ TEST(SlurmPool, SequenceParallelAttentionUnderSrunDewPool) {
 
 TEST(SlurmPool, SequenceParallelAttentionUnderSrunMpiPmix) {
   const char* attention_worker = std::getenv("DEW_ATTENTION_POOL_WORKER");
-  ASSERT_NE(attention_worker, nullptr) << "the build names tests/pool/attention_pool_worker here";
+  ASSERT_NE(attention_worker, nullptr) << "the build names tests/unit/attention/pool_worker here";
   // 2 nodes x 2 tasks x 1 device, the pool formed over PMIx.
   expect_attention(cluster().srun({"--mpi=pmix", "-N2", "--ntasks-per-node=2", attention_worker, "1"},
                                   {{"OPENBLAS_NUM_THREADS", "1"}}, 120s),

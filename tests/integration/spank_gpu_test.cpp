@@ -30,7 +30,9 @@ TEST(SrunDewPoolGpus, WithoutDevicesPerProcessEveryTaskSeesAll) {
   auto r = cluster().srun({"--dew-pool", "-N2", "-n4", "--ntasks-per-node=2", "--gpus-per-node=4", "-l", "env"}, {},
                           30s);
   ASSERT_EQ(r.exit_code, 0) << describe(r);
-  for (auto& [rank, env] : task_environments(r.out)) {
+  auto tasks = task_environments(r.out);
+  ASSERT_EQ(tasks.size(), 4u) << describe(r);  // a loop over nothing would pass
+  for (auto& [rank, env] : tasks) {
     EXPECT_EQ(env["CUDA_VISIBLE_DEVICES"], "0,1,2,3") << rank;
     EXPECT_EQ(env["JAX_LOCAL_DEVICE_IDS"], "0,1,2,3") << rank;
   }

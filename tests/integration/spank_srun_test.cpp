@@ -232,15 +232,21 @@ TEST(SrunDewPool, XlaFlagsAlreadyHoldingTheWatchdogAreKept) {
   const std::string flags = "--xla_gpu_execution_terminate_timeout=5m --xla_dump_to=/tmp/d";
   auto r = cluster().srun({"--dew-pool", "-N2", "-n2", "-l", "env"}, {{"XLA_FLAGS", flags}}, 30s);
   ASSERT_EQ(r.exit_code, 0) << describe(r);
-  for (auto& [rank, env] : task_environments(r.out)) EXPECT_EQ(env["XLA_FLAGS"], flags);
+  auto tasks = task_environments(r.out);
+  ASSERT_EQ(tasks.size(), 2u) << describe(r);  // a loop over nothing would pass
+  for (auto& [rank, env] : tasks) EXPECT_EQ(env["XLA_FLAGS"], flags);
 
   r = cluster().srun({"--dew-pool", "--dew-watchdog=45m", "-N1", "-n2", "-l", "env"},
                      {{"XLA_FLAGS", "--xla_dump_to=/tmp/d"}}, 30s);
-  EXPECT_EQ(task_environments(r.out)[1]["XLA_FLAGS"],
-            "--xla_dump_to=/tmp/d --xla_gpu_execution_terminate_timeout=45m");
+  tasks = task_environments(r.out);
+  ASSERT_EQ(tasks.size(), 2u) << describe(r);
+  EXPECT_EQ(tasks[1]["XLA_FLAGS"], "--xla_dump_to=/tmp/d --xla_gpu_execution_terminate_timeout=45m");
 
   r = cluster().srun({"--dew-pool", "--dew-watchdog=off", "-N1", "-n2", "-l", "env"}, {}, 30s);
-  EXPECT_EQ(task_environments(r.out)[0].count("XLA_FLAGS"), 0u);
+  tasks = task_environments(r.out);
+  ASSERT_EQ(tasks.size(), 2u) << describe(r);
+  EXPECT_EQ(tasks[0].count("XLA_FLAGS"), 0u);
+  EXPECT_EQ(tasks[0].count("DEW_PROCESS_ID"), 1u) << "the task did get the pool's variables";
 }
 
 TEST(SrunDewPool, DevicesPerProcessWithoutGpusFailsBeforeExec) {

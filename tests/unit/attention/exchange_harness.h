@@ -1,7 +1,7 @@
 // The exchanges' test harness: cases, the whole-sequence result, running
 // an exchange on thread-ranks, and comparing. Shared by the in-process test
 // (exchange_test.cpp) and the pool worker that runs ranks across processes
-// (tests/pool/attention_pool_worker.cpp).
+// (tests/unit/attention/pool_worker.cpp).
 #pragma once
 
 #include <functional>

@@ -1,4 +1,4 @@
-// build_mesh: the seed's examples, explicit orders, hybrid sharding's rules
+// build_mesh: the design page's examples, explicit orders, hybrid sharding's rules
 // and refusals, granule placement and the JSON programs read.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -93,7 +93,7 @@ TEST(BuildMeshTest, SeedSequenceAcrossTwoProcessesStaysInsideEach) {
 }
 
 TEST(BuildMeshTest, ExplicitOrderFillsRowMajorAsGiven) {
-  // The seed's [0, 2, 1, 3]: a two-way tensor axis across the NVLink pairs
+  // The design page's [0, 2, 1, 3]: a two-way tensor axis across the NVLink pairs
   // 0-1 and 2-3.
   const DeviceGraph box = hosts(
       1, 4, [](int i, int j) { return i / 2 == j / 2 ? 100.0 : 6.0; }, 1);
@@ -150,7 +150,7 @@ TEST(BuildMeshTest, HybridKeepsInnerAxesInsideAGranuleAndFsdpInsideAReplicaGroup
 }
 
 TEST(BuildMeshTest, HybridWithOneGranulePerGroupKeepsFsdpOnOneHost) {
-  // The seed's two nodes of eight GPUs: MeshSpec(fsdp=8, replicas=2).
+  // The design page's two nodes of eight GPUs: MeshSpec(fsdp=8, replicas=2).
   const DeviceGraph cluster = hosts(
       2, 8, [](int, int) { return 150.0; }, 25);
   const Mesh mesh = mesh_of("fsdp=8,replicas=2", cluster);

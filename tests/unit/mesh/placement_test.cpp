@@ -35,7 +35,7 @@ Matrix nvlink_pairs() {
   return bandwidth_matrix(4, [](int i, int j) { return i / 2 == j / 2 ? 2 * kNV2 : kSYS; });
 }
 
-// 4x RTX 3090 as in the seed: an NV4 pair, a PHB pair, the two across sockets.
+// 4x RTX 3090 as on the design page: an NV4 pair, a PHB pair, the two across sockets.
 Matrix rtx3090_box() {
   return bandwidth_matrix(4, [](int i, int j) {
     if (i / 2 != j / 2) return kSYS;
@@ -227,7 +227,7 @@ TEST(PlacementTest, TwoWaySequenceOrTensorLandsOnTheNVLinkPairs) {
       EXPECT_EQ(groups_of(place(m, 4, shape).order, shape, inner), pairs) << shape_text(shape);
     }
   }
-  // Numbered the other way (pairs 0-2 and 1-3), the layout is the seed's
+  // Numbered the other way (pairs 0-2 and 1-3), the layout is the design page's
   // hand-written [0, 2, 1, 3].
   const Matrix swapped = bandwidth_matrix(4, [](int i, int j) { return i % 2 == j % 2 ? 2 * kNV2 : kSYS; });
   EXPECT_EQ(place(swapped, 4, {2, 1, 1, 1, 2, 1}).order, (std::vector<int>{0, 2, 1, 3}));

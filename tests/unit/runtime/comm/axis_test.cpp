@@ -1,4 +1,4 @@
-// Communicators for mesh axis groups (axis_communicator.h): which group and
+// Communicators for mesh axis groups (dew/comm.h): which group and
 // rank a device has on an axis, the address a process listens on, and real
 // Gloo groups made from a one-process pool and a mesh, twice in a row.
 #include "dew/comm.h"
