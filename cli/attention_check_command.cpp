@@ -188,10 +188,7 @@ void add_attention_check_command(CLI::App& app) {
   command->add_option("--tolerance", o->tolerance, "Largest relative error allowed (default 1e-4)")
       ->check(CLI::PositiveNumber);
   command->add_option("--seed", o->seed, "Seed of the random inputs, the same on every process (default 1)");
-  command->callback([o] {
-    start_command("attention-check");
-    if (const int code = run(*o); code != 0) throw CLI::RuntimeError(code);
-  });
+  command->callback([o] { run_subcommand("attention-check", [&] { return run(*o); }); });
 }
 
 }  // namespace dew::cli

@@ -91,10 +91,7 @@ void add_attention_plan_command(CLI::App& app) {
                       "How the gather's kernel runs a mask: dense-bias (cuDNN-like: every logit, so masked calls "
                       "take the all-to-all; the design page's rule; default) or skips-masked-blocks (Dew's CPU kernel: "
                       "masked calls are decided by bytes, like unmasked ones)");
-  command->callback([options] {
-    start_command("attention-plan");
-    if (const int code = run(*options); code != 0) throw CLI::RuntimeError(code);
-  });
+  command->callback([options] { run_subcommand("attention-plan", [&] { return run(*options); }); });
 }
 
 }  // namespace dew::cli

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <functional>
 #include <string_view>
 
 #include "dew/result.h"
@@ -24,8 +25,10 @@ void add_attention_check_command(CLI::App& app);
 // launch_supervisor.cpp).
 void add_launch_command(CLI::App& app);
 
-// From here on, every line the subcommand logs starts with "dew <name>: ".
-void start_command(std::string_view name);
+// A subcommand's body, run from its CLI11 callback: its lines start with
+// "dew <name>: ", an exception that escapes it is one line (exit 1), and a
+// non-zero code it returns is the process's exit code as it is.
+void run_subcommand(std::string_view name, const std::function<int()>& body);
 
 // Logs the error's line and returns `code` (1: the command failed; 2: bad usage).
 int report(const Error& error, int code = 1);

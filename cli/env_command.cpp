@@ -145,10 +145,7 @@ void add_env_command(CLI::App& app) {
       "coordinator, and what jax.distributed would be given; joins nothing. Exits 1 when join() would refuse");
   command->add_flag("--multi-host", options->multi_host, "Treat a one-task Slurm step as a pool of one (multi_host)");
   command->add_flag("--json", options->json, "Print JSON for programs");
-  command->callback([options] {
-    start_command("env");
-    if (const int code = run(*options); code != 0) throw CLI::RuntimeError(code);
-  });
+  command->callback([options] { run_subcommand("env", [&] { return run(*options); }); });
 }
 
 }  // namespace dew::cli

@@ -456,14 +456,7 @@ void add_launch_command(CLI::App& app) {
     args->options.command.clear();
     if (!args->program.empty()) args->options.command.push_back(args->program);
     args->options.command.insert(args->options.command.end(), rest.begin(), rest.end());
-    start_command("launch");
-    int code = 1;
-    try {
-      code = run_launch(*args);
-    } catch (const std::exception& e) {  // out of memory and the like: one line
-      log_error(e.what());
-    }
-    if (code != 0) finish(code);  // the process's own code, not CLI11's
+    run_subcommand("launch", [&] { return run_launch(*args); });
   });
 }
 

@@ -9,7 +9,16 @@
 
 namespace dew::cli {
 
-void start_command(std::string_view name) { set_log_prefix("dew " + std::string(name) + ": "); }
+void run_subcommand(std::string_view name, const std::function<int()>& body) {
+  set_log_prefix("dew " + std::string(name) + ": ");
+  int code = 1;
+  try {
+    code = body();
+  } catch (const std::exception& e) {  // out of memory, a stream failure: one line, not an abort
+    report(internal_error(e.what()));
+  }
+  if (code != 0) finish(code);
+}
 
 int report(const Error& error, int code) {
   log_error(error.message);

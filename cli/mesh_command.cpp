@@ -189,10 +189,7 @@ void add_mesh_command(CLI::App& app) {
   command->add_option("--devices", options->devices,
                       "Fill the mesh row-major in exactly this device order, such as 0,2,1,3 (no placement)");
   command->add_flag("--json", options->json, "Print JSON for programs");
-  command->callback([options] {
-    start_command("mesh");
-    if (const int code = run(*options); code != 0) throw CLI::RuntimeError(code);
-  });
+  command->callback([options] { run_subcommand("mesh", [&] { return run(*options); }); });
 }
 
 }  // namespace dew::cli

@@ -161,17 +161,7 @@ void add_topo_command(CLI::App& app) {
                    "(NCCL_TOPO_FILE), or the saved text of `nvidia-smi topo -m`")
       ->type_name("FILE");
   topo->add_flag("--json", options->json, "Print JSON for programs");
-  topo->callback([options] {
-    start_command("topo");
-    int code = 1;
-    try {
-      code = run(*options);
-    } catch (const std::exception& e) {  // out of memory, a stream failure: one line, not an abort
-      report(internal_error(e.what()));
-    }
-    // CLI11 turns this into the exit code without printing anything more.
-    if (code != 0) throw CLI::RuntimeError(code);
-  });
+  topo->callback([options] { run_subcommand("topo", [&] { return run(*options); }); });
 }
 
 }  // namespace dew::cli

@@ -14,10 +14,7 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using namespace std::chrono_literals;
 
-std::string worker() {
-  const char* path = std::getenv("DEW_POOL_WORKER");
-  return path ? path : "pool_worker";
-}
+std::string worker() { return dew::testing::pool_worker(); }
 
 void expect_exchange(const RunResult& run, const std::string& source, const std::string& backend) {
   ASSERT_EQ(run.exit_code, 0) << run.out << run.err;

@@ -14,6 +14,12 @@ inline std::string dew_exe() {
   return path != nullptr ? path : "dew";
 }
 
+// tests/unit/runtime/pool/pool_worker: joins a pool and plays a scenario.
+inline std::string pool_worker() {
+  const char* path = std::getenv("DEW_POOL_WORKER");
+  return path != nullptr ? path : "pool_worker";
+}
+
 // A file under tests/fixtures/topology/.
 inline std::string topology_fixture(const std::string& name) {
   const char* root = std::getenv("DEW_FIXTURES");

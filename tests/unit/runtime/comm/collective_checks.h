@@ -69,6 +69,59 @@ inline void check_reduce_scatter(Communicator& comm, int n, bool rank_order) {
   EXPECT_TRUE(done.ok()) << done.error().message;
 }
 
+// Every rank ends with the same bits: each element summed in rank order in
+// T (fp32 for float), for lengths that do and do not divide by the ranks
+// (the padding is not seen), and an empty span is a no-op.
+inline void check_all_reduce(Communicator& comm, int n, bool rank_order) {
+  for (const std::size_t length : {std::size_t(1), std::size_t(7), std::size_t(64)}) {
+    std::vector<float> data(length);
+    for (std::size_t i = 0; i < length; ++i) data[i] = float(comm.rank() + 1) * 0.1f + float(i) * 1e-3f;
+    auto done = comm.all_reduce(std::span<float>(data));
+    ASSERT_TRUE(done.ok()) << done.error().message;
+    for (std::size_t i = 0; i < length; ++i) {
+      float expected = 0;  // rank order, fp32
+      for (int r = 0; r < n; ++r) expected += float(r + 1) * 0.1f + float(i) * 1e-3f;
+      if (rank_order) {
+        EXPECT_EQ(data[i], expected) << "length " << length << ", element " << i;
+      } else {
+        EXPECT_FLOAT_EQ(data[i], expected) << "length " << length << ", element " << i;
+      }
+    }
+    std::vector<double> data64(length);
+    for (std::size_t i = 0; i < length; ++i) data64[i] = double(comm.rank() + 1) * 0.1 + double(i);
+    done = comm.all_reduce(std::span<double>(data64));
+    ASSERT_TRUE(done.ok()) << done.error().message;
+    for (std::size_t i = 0; i < length; ++i) {
+      double expected = 0;
+      for (int r = 0; r < n; ++r) expected += double(r + 1) * 0.1 + double(i);
+      if (rank_order) {
+        EXPECT_EQ(data64[i], expected);
+      } else {
+        EXPECT_DOUBLE_EQ(data64[i], expected);
+      }
+    }
+  }
+  std::vector<float> none;
+  EXPECT_TRUE(comm.all_reduce(std::span<float>(none)).ok());
+}
+
+// From every root in turn: every rank ends with the root's values; a root
+// outside the group is refused with one line.
+inline void check_broadcast(Communicator& comm, int n) {
+  for (int root = 0; root < n; ++root) {
+    std::vector<int> data(9, comm.rank() == root ? 100 + root : -1);
+    auto done = comm.broadcast<int>(data, root);
+    ASSERT_TRUE(done.ok()) << done.error().message;
+    for (const int value : data) EXPECT_EQ(value, 100 + root) << "root " << root << " on rank " << comm.rank();
+  }
+  std::vector<int> data(2);
+  auto refused = comm.broadcast<int>(data, n);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code, ErrorCode::kInvalidArgument);
+  EXPECT_EQ(refused.error().message,
+            "broadcast: root " + std::to_string(n) + " is not allowed; allowed: a rank from 0 to " + std::to_string(n - 1));
+}
+
 // Twenty all-to-alls and barriers in a row, each larger than the last (a
 // backend that keeps buffers must grow them).
 inline void check_many_calls(Communicator& comm, int n) {

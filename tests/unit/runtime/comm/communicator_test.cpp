@@ -56,6 +56,14 @@ TEST_P(CommunicatorTest, ReduceScatterSumsInRankOrder) {
   spawn(GetParam(), [n = GetParam()](Communicator& comm) { check_reduce_scatter(comm, n, /*rank_order=*/true); });
 }
 
+TEST_P(CommunicatorTest, AllReduceSumsInRankOrderAndAgreesOnEveryRank) {
+  spawn(GetParam(), [n = GetParam()](Communicator& comm) { check_all_reduce(comm, n, /*rank_order=*/true); });
+}
+
+TEST_P(CommunicatorTest, BroadcastFromEveryRoot) {
+  spawn(GetParam(), [n = GetParam()](Communicator& comm) { check_broadcast(comm, n); });
+}
+
 TEST_P(CommunicatorTest, ManyCallsInARowAndGrowingSizes) {
   spawn(GetParam(), [n = GetParam()](Communicator& comm) { check_many_calls(comm, n); });
 }

@@ -89,6 +89,18 @@ TEST_P(NcclCommunicatorTest, ReduceScatter) {
   spawn(GetParam(), [n = GetParam()](Communicator& comm) { check_reduce_scatter(comm, n, n <= 2); });
 }
 
+TEST_P(NcclCommunicatorTest, AllReduce) {
+  NEED_GPUS(GetParam());
+  // NCCL's reduce-scatter, then its all-gather: the same bits on every rank,
+  // rank order's up to 2 ranks.
+  spawn(GetParam(), [n = GetParam()](Communicator& comm) { check_all_reduce(comm, n, n <= 2); });
+}
+
+TEST_P(NcclCommunicatorTest, Broadcast) {
+  NEED_GPUS(GetParam());
+  spawn(GetParam(), [n = GetParam()](Communicator& comm) { check_broadcast(comm, n); });
+}
+
 TEST_P(NcclCommunicatorTest, ManyCallsInARowAndGrowingSizes) {
   NEED_GPUS(GetParam());
   spawn(GetParam(), [n = GetParam()](Communicator& comm) { check_many_calls(comm, n); });

@@ -13,6 +13,7 @@
 
 #include "auth.h"
 #include "process.h"
+#include "test_paths.h"
 #include "wire.h"
 
 namespace {
@@ -22,10 +23,7 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using namespace std::chrono_literals;
 
-std::string worker() {
-  const char* path = std::getenv("DEW_POOL_WORKER");
-  return path ? path : "pool_worker";
-}
+std::string worker() { return dew::testing::pool_worker(); }
 
 
 const std::string kSecret = "5f0c3a0e8d2b4f6a9c1e7d3b5a8f2c4e6b9d1a3c5e7f9b2d4a6c8e0f1a3b5c7d";
