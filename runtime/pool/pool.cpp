@@ -151,7 +151,6 @@ Pool join(JoinOptions options) {
   state->settings = settings.value();
   state->lines_prefixed = env.count("DEW_LINES_PREFIXED") && env.at("DEW_LINES_PREFIXED") == "1";
   Identity& id = state->identity;
-  log_debug("join: identity from " + std::string(source_name(id.source)) + ": " + id.why);
   std::string secret = options.secret.value_or(env.count("DEW_POOL_SECRET") ? env.at("DEW_POOL_SECRET") : "");
 
   if (id.source == PoolSource::kPmix) {
@@ -161,7 +160,8 @@ Pool join(JoinOptions options) {
     state->pmix->fill(id);
     if (id.size == 1 && !options.multi_host) id.why += "; one process: no pool";
   }
-  set_log_prefix(state->prefix());
+  set_log_prefix(state->prefix());  // the rank is known now, PMIx's too
+  log_debug("join: identity from " + std::string(source_name(id.source)) + ": " + id.why);
   if (id.hostname.empty()) id.hostname = hostname();
 
   if (id.size > 1 && id.source != PoolSource::kAlone) {

@@ -87,7 +87,7 @@ void check(const Case& c) {
     for (const float x : *values) ASSERT_FALSE(std::isnan(x));
 }
 
-Case make(int batch, int heads, int kv_heads, std::int64_t lq, std::int64_t lk, int head_dim) {
+Case make_case(int batch, int heads, int kv_heads, std::int64_t lq, std::int64_t lk, int head_dim) {
   Case c;
   c.dims = Dims{batch, heads, kv_heads, lq, lk, head_dim};
   return c;
@@ -127,14 +127,14 @@ void finite_differences(Case c) {
 }
 
 TEST(AttentionReferenceTest, GradientsMatchFiniteDifferences) {
-  Case plain = make(1, 2, 1, 5, 7, 3);
+  Case plain = make_case(1, 2, 1, 5, 7, 3);
   finite_differences(plain);
-  Case masked = make(2, 4, 2, 6, 6, 3);
+  Case masked = make_case(2, 4, 2, 6, 6, 3);
   masked.causal = true;
   masked.sinks = true;
   masked.bias = true;
   finite_differences(masked);
-  Case window = make(1, 2, 2, 7, 5, 2);
+  Case window = make_case(1, 2, 2, 7, 5, 2);
   window.window = Window{2, 1};
   window.sinks = true;
   window.query_segments = documents(1, 7, {3, 4});
@@ -145,18 +145,18 @@ TEST(AttentionReferenceTest, GradientsMatchFiniteDifferences) {
 // ---------------------------------------------------------------------------
 // Kernel against reference.
 
-TEST(AttentionKernelTest, MultiHead) { check(filled(make(2, 3, 3, 37, 37, 8))); }
+TEST(AttentionKernelTest, MultiHead) { check(filled(make_case(2, 3, 3, 37, 37, 8))); }
 
-TEST(AttentionKernelTest, GroupedQuery) { check(filled(make(2, 6, 2, 40, 33, 8))); }
+TEST(AttentionKernelTest, GroupedQuery) { check(filled(make_case(2, 6, 2, 40, 33, 8))); }
 
-TEST(AttentionKernelTest, MultiQuery) { check(filled(make(1, 4, 1, 29, 45, 16))); }
+TEST(AttentionKernelTest, MultiQuery) { check(filled(make_case(1, 4, 1, 29, 45, 16))); }
 
 TEST(AttentionKernelTest, OneBlockEachAndBlocksOfOne) {
-  Case big = filled(make(1, 2, 1, 20, 30, 4));
+  Case big = filled(make_case(1, 2, 1, 20, 30, 4));
   big.query_block = 128;
   big.key_block = 128;
   check(big);
-  Case tiny = filled(make(1, 2, 1, 9, 7, 4));
+  Case tiny = filled(make_case(1, 2, 1, 9, 7, 4));
   tiny.causal = true;
   tiny.query_block = 1;
   tiny.key_block = 1;
@@ -164,7 +164,7 @@ TEST(AttentionKernelTest, OneBlockEachAndBlocksOfOne) {
 }
 
 TEST(AttentionKernelTest, Causal) {
-  Case c = filled(make(2, 4, 2, 64, 64, 8));
+  Case c = filled(make_case(2, 4, 2, 64, 64, 8));
   c.causal = true;
   check(c);
   // 4 x 4 blocks of 16: 6 above the diagonal are skipped, 4 on it cut.
@@ -176,13 +176,13 @@ TEST(AttentionKernelTest, Causal) {
 }
 
 TEST(AttentionKernelTest, CausalBottomRightFewerQueries) {
-  Case c = filled(make(1, 2, 2, 20, 50, 8));
+  Case c = filled(make_case(1, 2, 2, 20, 50, 8));
   c.causal = true;
   check(c);
 }
 
 TEST(AttentionKernelTest, CausalBottomRightMoreQueriesMasksTheFirstRowsFully) {
-  Case c = filled(make(1, 2, 1, 50, 20, 8));
+  Case c = filled(make_case(1, 2, 1, 50, 20, 8));
   c.causal = true;  // rows 0..29 see no key
   check(c);
   const KernelRun<float> r = run<float>(c);
@@ -193,7 +193,7 @@ TEST(AttentionKernelTest, CausalBottomRightMoreQueriesMasksTheFirstRowsFully) {
 }
 
 TEST(AttentionKernelTest, SlidingWindowLeftOnly) {
-  Case c = filled(make(1, 2, 1, 70, 70, 8));
+  Case c = filled(make_case(1, 2, 1, 70, 70, 8));
   c.window = Window{5, 0};
   check(c);
   c.causal = true;  // causal and (w, 0) are the same rule
@@ -201,7 +201,7 @@ TEST(AttentionKernelTest, SlidingWindowLeftOnly) {
 }
 
 TEST(AttentionKernelTest, SlidingWindowBothSides) {
-  Case c = filled(make(2, 2, 2, 48, 48, 8));
+  Case c = filled(make_case(2, 2, 2, 48, 48, 8));
   c.window = Window{7, 7};
   check(c);
   const KernelRun<float> r = run<float>(c);
@@ -209,7 +209,7 @@ TEST(AttentionKernelTest, SlidingWindowBothSides) {
 }
 
 TEST(AttentionKernelTest, WindowWiderThanTheSequence) {
-  Case c = filled(make(1, 2, 1, 33, 33, 8));
+  Case c = filled(make_case(1, 2, 1, 33, 33, 8));
   c.window = Window{1000, 0};
   check(c);
   c.window = Window{1000, 1000};
@@ -217,13 +217,13 @@ TEST(AttentionKernelTest, WindowWiderThanTheSequence) {
 }
 
 TEST(AttentionKernelTest, WindowWithUnequalLengths) {
-  Case c = filled(make(1, 2, 1, 24, 40, 8));
+  Case c = filled(make_case(1, 2, 1, 24, 40, 8));
   c.window = Window{6, 2};
   check(c);
 }
 
 TEST(AttentionKernelTest, PackedDocuments) {
-  Case c = filled(make(2, 4, 2, 60, 60, 8));
+  Case c = filled(make_case(2, 4, 2, 60, 60, 8));
   c.query_segments = documents(2, 60, {5, 17, 30, 8});
   c.key_segments = c.query_segments;
   check(c);
@@ -234,7 +234,7 @@ TEST(AttentionKernelTest, PackedDocuments) {
 }
 
 TEST(AttentionKernelTest, DocumentsWithoutAMatchingKeyAreFullyMasked) {
-  Case c = filled(make(1, 2, 1, 10, 12, 4));
+  Case c = filled(make_case(1, 2, 1, 10, 12, 4));
   c.query_segments = {0, 0, 0, 9, 9, 1, 1, 9, 2, 2};
   c.key_segments = {0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2};
   check(c);
@@ -244,7 +244,7 @@ TEST(AttentionKernelTest, DocumentsWithoutAMatchingKeyAreFullyMasked) {
 }
 
 TEST(AttentionKernelTest, AdditiveBias) {
-  Case c = filled(make(2, 2, 1, 30, 26, 8));
+  Case c = filled(make_case(2, 2, 1, 30, 26, 8));
   c.bias = true;
   c = filled(c);
   check(c);
@@ -254,7 +254,7 @@ TEST(AttentionKernelTest, AdditiveBias) {
 
 TEST(AttentionKernelTest, BiasBroadcastOverBatchAndHeads) {
   // One lq x lk matrix for every batch entry and head, through strides of 0.
-  Case c = filled(make(2, 2, 2, 12, 10, 4));
+  Case c = filled(make_case(2, 2, 2, 12, 10, 4));
   c.bias = true;
   c = filled(c);
   for (std::size_t i = 0; i < c.b.size(); ++i) c.b[i] = c.b[i % (12 * 10)];
@@ -268,7 +268,7 @@ TEST(AttentionKernelTest, BiasBroadcastOverBatchAndHeads) {
 }
 
 TEST(AttentionKernelTest, Sinks) {
-  Case c = make(2, 4, 2, 35, 35, 8);
+  Case c = make_case(2, 4, 2, 35, 35, 8);
   c.sinks = true;
   check(filled(c));
   c.causal = true;
@@ -276,7 +276,7 @@ TEST(AttentionKernelTest, Sinks) {
 }
 
 TEST(AttentionKernelTest, WindowWithSinks) {
-  Case c = make(1, 4, 1, 50, 50, 8);
+  Case c = make_case(1, 4, 1, 50, 50, 8);
   c.window = Window{4, 0};
   c.sinks = true;
   check(filled(c));
@@ -285,7 +285,7 @@ TEST(AttentionKernelTest, WindowWithSinks) {
 }
 
 TEST(AttentionKernelTest, LargeSinkDominates) {
-  Case c = filled(make(1, 2, 1, 20, 20, 4));
+  Case c = filled(make_case(1, 2, 1, 20, 20, 4));
   c.sinks = true;
   c = filled(c);
   c.s = {30.0, -30.0};
@@ -293,7 +293,7 @@ TEST(AttentionKernelTest, LargeSinkDominates) {
 }
 
 TEST(AttentionKernelTest, NoKeysAtAll) {
-  Case c = filled(make(1, 2, 1, 5, 0, 4));
+  Case c = filled(make_case(1, 2, 1, 5, 0, 4));
   check(c);
   c.sinks = true;
   c = filled(c);
@@ -301,7 +301,7 @@ TEST(AttentionKernelTest, NoKeysAtAll) {
 }
 
 TEST(AttentionKernelTest, DefaultBlocksOnLongerRows) {
-  Case c = make(1, 2, 1, 300, 300, 64);
+  Case c = make_case(1, 2, 1, 300, 300, 64);
   c.query_block = 128;
   c.key_block = 128;
   c.causal = true;
@@ -314,13 +314,13 @@ TEST(AttentionKernelTest, DefaultBlocksOnLongerRows) {
 }
 
 TEST(AttentionKernelTest, ExplicitScale) {
-  Case c = filled(make(1, 2, 1, 20, 20, 8));
+  Case c = filled(make_case(1, 2, 1, 20, 20, 8));
   c.scale = 0.9;
   check(c);
 }
 
 TEST(AttentionKernelTest, LargeLogitsStayFinite) {
-  Case c = make(1, 2, 1, 40, 40, 16);
+  Case c = make_case(1, 2, 1, 40, 40, 16);
   dew::attention::testing::fill(c, 9, 6.0);  // logits up to ~144
   c.causal = true;
   check(c);
@@ -332,7 +332,7 @@ TEST(AttentionKernelTest, LargeLogitsStayFinite) {
 TEST(AttentionKernelTest, ChunkReorderedShardEqualsTheWholeSequenceRows) {
   const std::int64_t length = 64, chunk = 8;  // N = 4: 2N = 8 chunks of 8
   for (const int masking : {0, 1, 2}) {
-    Case whole = make(2, 4, 2, length, length, 8);
+    Case whole = make_case(2, 4, 2, length, length, 8);
     whole.causal = masking == 0;
     if (masking == 1) whole.window = Window{10, 3};
     if (masking == 2) {
@@ -388,7 +388,7 @@ TEST(AttentionKernelTest, ChunkReorderedShardEqualsTheWholeSequenceRows) {
 // ---------------------------------------------------------------------------
 // Validation: one line naming the value.
 
-std::string forward_error(const std::function<void(Bound<float>&)>& spoil, Case c = make(1, 4, 2, 8, 8, 4)) {
+std::string forward_error(const std::function<void(Bound<float>&)>& spoil, Case c = make_case(1, 4, 2, 8, 8, 4)) {
   c = filled(c);
   Bound<float> bound(c);
   spoil(bound);
@@ -457,7 +457,7 @@ TEST(AttentionValidationTest, BiasStridesAndBackwardArguments) {
                 b.inputs.bias.row_stride = -2;
               }),
               HasSubstr("bias strides -1, -1, -2"));
-  Case c = filled(make(1, 2, 1, 4, 4, 4));
+  Case c = filled(make_case(1, 2, 1, 4, 4, 4));
   Bound<float> bound(c);
   std::vector<float> out(bound.q.size()), lse(8), dq(bound.q.size()), dk(bound.k.size()), dv(bound.v.size()), ds(2);
   ASSERT_TRUE(forward<float>(bound.inputs, out.data(), lse.data()).ok());

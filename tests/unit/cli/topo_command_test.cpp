@@ -12,6 +12,7 @@
 
 #include "process.h"
 #include "test_paths.h"
+#include "dew/nvml.h"
 #include "dew/topology.h"
 
 namespace dew::topology {
@@ -97,6 +98,8 @@ TEST(TopoCommand, JsonOfACpuOnlyFileHasNoGpusAndItsNumaNodes) {
 }
 
 TEST(TopoCommand, ThisMachineWithoutNvmlSaysSo) {
+  const NvmlReport nvml = read_nvml();
+  if (nvml.available) GTEST_SKIP() << "NVML works on this machine: the note cannot show";
   auto result = topo({});
   ASSERT_EQ(result.exit_code, 0) << result.err;
   EXPECT_THAT(result.out, StartsWith("Topology: live: hwloc\n"));
@@ -122,6 +125,21 @@ TEST(TopoCommand, ACorruptFileIsOneLineNamingTheFile) {
   EXPECT_EQ(result.out, "");
   EXPECT_THAT(result.err, StartsWith("dew topo: " + path + ": truncated XML: it ends before </topology> ("));
   EXPECT_EQ(result.err.find('\n'), result.err.size() - 1) << result.err;
+}
+
+TEST(TopoCommand, ABadLogLevelIsAUsageErrorNamingTheAllowedValues) {
+  auto result = dew::testing::run({dew::testing::dew_exe(), "topo", "--topology",
+                                   dew::testing::topology_fixture("dgx1v.nccl-topo.xml")},
+                                  {{"DEW_LOG_LEVEL", "verbose"}});
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_EQ(result.out, "");
+  EXPECT_EQ(result.err,
+            "dew: DEW_LOG_LEVEL: 'verbose' is not allowed; allowed: trace, debug, info, warn, error or off\n");
+  // At "off" even an error line is gone; the exit code still says it.
+  auto quiet = dew::testing::run({dew::testing::dew_exe(), "topo", "--topology", "/nonexistent/topo.xml"},
+                                 {{"DEW_LOG_LEVEL", "off"}});
+  EXPECT_EQ(quiet.exit_code, 1);
+  EXPECT_EQ(quiet.err, "");
 }
 
 TEST(TopoCommand, BadUsageIsCli11sError) {

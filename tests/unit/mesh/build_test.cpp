@@ -6,13 +6,13 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "axis_index.h"
 #include "dew/mesh.h"
 
 namespace dew::mesh {
 namespace {
 
 using Groups = std::vector<std::vector<int>>;
-constexpr int kData = 0, kFsdp = 2, kTensor = 4, kSequence = 5;
 
 MeshSpec spec_of(std::string_view text) {
   auto spec = parse_mesh_spec(text);

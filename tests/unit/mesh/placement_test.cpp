@@ -11,13 +11,13 @@
 #include <random>
 #include <set>
 
+#include "axis_index.h"
 #include "dew/mesh.h"
 
 namespace dew::mesh {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-constexpr int kData = 0, kFsdp = 2, kTensor = 4, kSequence = 5;
 
 // Link classes as GB/s estimates, in the order nvidia-smi topo -m ranks them.
 constexpr double kNV1 = 25, kNV2 = 50, kPIX = 24, kPXB = 20, kPHB = 12, kNODE = 10, kSYS = 6;

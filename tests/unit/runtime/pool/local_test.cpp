@@ -322,6 +322,35 @@ TEST(LocalPool, MalformedVariablesAreNamed) {
   EXPECT_THAT(process.err(), HasSubstr("DEW_PROCESS_ID=4 is not below DEW_PROCESS_COUNT=4"));
 }
 
+// DEW_LOG_LEVEL=debug shows the join's steps, each line behind "[rank] ";
+// the default shows none of them; a bad value is one line naming the allowed.
+TEST(LocalPool, DebugLevelShowsTheJoinsSteps) {
+  LocalPool debug(2, {"join"}, {{"DEW_LOG_LEVEL", "debug"}});
+  ASSERT_EQ(debug.wait_all(30s), std::vector<int>({0, 0})) << debug.describe();
+  const std::string one = debug.ranks[1]->err();
+  EXPECT_THAT(one, HasSubstr("[1] join: identity from dew: DEW_PROCESS_ID and DEW_PROCESS_COUNT are set"));
+  EXPECT_THAT(one, HasSubstr("[1] join: coordinator 127.0.0.1:" + std::to_string(debug.port) +
+                             " from DEW_COORDINATOR_ADDRESS"));
+  EXPECT_THAT(one, HasSubstr("[1] join: connecting to the coordination service at 127.0.0.1:"));
+  EXPECT_THAT(debug.ranks[0]->err(), HasSubstr("[0] join: the coordination service listens on port "));
+
+  LocalPool quiet(2, {"join"});
+  ASSERT_EQ(quiet.wait_all(30s), std::vector<int>({0, 0})) << quiet.describe();
+  EXPECT_THAT(quiet.all_output(), Not(HasSubstr("join: ")));
+  EXPECT_THAT(quiet.ranks[1]->err(), HasSubstr("[1] Joined the pool: process 1 of 2 (dew, tcp)"));
+
+  LocalPool errors_only(2, {"join"}, {{"DEW_LOG_LEVEL", "error"}});
+  ASSERT_EQ(errors_only.wait_all(30s), std::vector<int>({0, 0})) << errors_only.describe();
+  EXPECT_THAT(errors_only.all_output(), Not(HasSubstr("Joined the pool")));
+}
+
+TEST(LocalPool, ABadLogLevelIsOneLineNamingTheAllowedValues) {
+  Spawned process({worker(), "join"}, {{"DEW_LOG_LEVEL", "loud"}});
+  EXPECT_NE(process.wait(20s), 0);  // join() throws: the worker leaves it uncaught
+  EXPECT_THAT(process.err(), HasSubstr("DEW_LOG_LEVEL: 'loud' is not allowed; allowed: trace, debug, info, warn, "
+                                       "error or off"));
+}
+
 }  // namespace
 
 namespace {
