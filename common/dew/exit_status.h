@@ -10,6 +10,10 @@ namespace dew {
 // it did nothing wrong itself). Launchers never name such a process as the
 // cause of a failure when another one is there to name.
 inline constexpr int kPeerFailedExitCode = 75;
+// A process whose join() failed and was left uncaught (EX_UNAVAILABLE: the
+// pool could not be formed: no secret, the coordinator's port taken or
+// unreachable, a refusal). Its one line says why.
+inline constexpr int kJoinFailedExitCode = 69;
 // A process whose StepWatchdog expired (as timeout(1)).
 inline constexpr int kWatchdogExitCode = 124;
 

@@ -36,6 +36,8 @@ class CoordinationService {
   // Blocks until a failure has been written to every connected client, or
   // for `bound` at most. For process 0's own failure before it exits.
   void flush_failure(std::chrono::milliseconds bound);
+  // The ranks with no connection to the service now (never came, or gone).
+  std::vector<int> unconnected_ranks() const;
   // Blocks until every process other than 0 has left (said bye, or was
   // lost after a failure). Calls `waiting` every 10 s with the ranks still in.
   void wait_until_others_left(const std::function<void(const std::vector<int>&)>& waiting);
@@ -58,7 +60,10 @@ struct ClientConfig {
   int size = 1;
   std::string secret;
   std::chrono::milliseconds heartbeat_timeout{10000};
-  std::chrono::milliseconds connect_timeout{300000};
+  // Connecting and the handshake end by this (DEW_JOIN_TIMEOUT_SECONDS from
+  // the start of the join); join_timeout is for the messages.
+  std::chrono::steady_clock::time_point join_deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+  std::chrono::milliseconds join_timeout{300000};
   // Called once, on the client's reader or heartbeat thread, when another
   // process's failure is pushed or the service is lost.
   std::function<void(const PeerFailure&)> on_failure;
@@ -73,8 +78,11 @@ class CoordinationClient {
   // nullopt: not there within timeout. The calls below return an Error when
   // the pool failed meanwhile (see failure()).
   Result<std::optional<std::string>> get(const std::string& key, std::chrono::milliseconds timeout);
-  // Ok, or the ranks that never came (empty vector: came).
-  Result<std::vector<int>> agree(const std::string& name, std::chrono::milliseconds patience);
+  // Ok, or the ranks that never came (empty vector: came). With
+  // `answer_by`, a service that has not answered by then is an Error
+  // (kTimeout): for the join's agreement, which must not outwait the join.
+  Result<std::vector<int>> agree(const std::string& name, std::chrono::milliseconds patience,
+                                 std::optional<std::chrono::steady_clock::time_point> answer_by = std::nullopt);
   Result<std::vector<std::string>> gather(const std::string& round, const std::string& bytes,
                                           std::chrono::milliseconds patience, std::vector<int>& missing);
   // Publishes this process's failure, then half-closes the connection and

@@ -14,7 +14,10 @@
 
 #include "auth.h"
 #include "coordination.h"
+#include "coordination_connect.h"
 #include "dew/log.h"
+#include "dew/text.h"
+#include "frame_reader.h"
 
 namespace dew::runtime {
 namespace {
@@ -33,38 +36,6 @@ std::vector<int> parse_ranks(const std::string& text) {
   }
   return ranks;
 }
-
-// Reads whole frames from a blocking socket.
-class FrameReader {
- public:
-  FrameReader(int fd, std::size_t limit) : fd_(fd), limit_(limit) {}
-  // nullopt at end of stream or on an error (`error` says which).
-  std::optional<wire::Frame> next(std::string& error) {
-    for (;;) {
-      auto decoded = wire::decode(buffer_, limit_);
-      if (decoded.status == wire::DecodeStatus::kFrame) {
-        buffer_.erase(0, decoded.consumed);
-        return std::move(decoded.frame);
-      }
-      if (decoded.status == wire::DecodeStatus::kBad) {
-        error = decoded.error;
-        return std::nullopt;
-      }
-      char chunk[65536];
-      const ssize_t n = ::recv(fd_, chunk, sizeof chunk, 0);
-      if (n <= 0) {
-        error = n == 0 ? "connection closed" : std::string("receive failed: ") + std::strerror(errno);
-        return std::nullopt;
-      }
-      buffer_.append(chunk, static_cast<std::size_t>(n));
-    }
-  }
-
- private:
-  int fd_;
-  std::size_t limit_;
-  std::string buffer_;
-};
 
 }  // namespace
 
@@ -87,6 +58,7 @@ struct CoordinationClient::Impl {
   bool service_closed = false;  // the reader saw the end of the stream
   Clock::time_point last_heard = Clock::now();
 
+  std::string leftover;  // bytes read with the handshake's last frame
   std::thread reader;
   std::thread heartbeat;
   std::string signal_frames[8];
@@ -118,7 +90,7 @@ struct CoordinationClient::Impl {
   }
 
   void read_loop() {
-    FrameReader frames(fd, std::size_t{1} << 34);
+    FrameReader frames(fd, std::size_t{1} << 34, std::move(leftover));
     for (;;) {
       std::string error;
       auto frame = frames.next(error);
@@ -176,17 +148,26 @@ struct CoordinationClient::Impl {
     }
   }
 
-  // Sends a request and waits for its reply; an Error once the pool failed.
-  Result<wire::Frame> request(wire::Frame frame) {
+  // Sends a request and waits for its reply; an Error once the pool failed,
+  // or when `answer_by` passes first.
+  Result<wire::Frame> request(wire::Type type, std::vector<std::string_view> items,
+                              std::optional<Clock::time_point> answer_by = std::nullopt) {
     std::uint64_t id = 0;
     {
       std::lock_guard lock(mutex);
       id = next_request++;
     }
-    frame.items.insert(frame.items.begin(), wire::encode_u64(id));
-    write_frame(frame);
+    const std::string id_item = wire::encode_u64(id);
+    items.insert(items.begin(), id_item);
+    write_bytes(wire::encode(type, items));
     std::unique_lock lock(mutex);
-    changed.wait(lock, [&] { return replies.count(id) || failure; });
+    const auto answered = [&] { return replies.count(id) || failure; };
+    if (!answer_by) {
+      changed.wait(lock, answered);
+    } else if (!changed.wait_until(lock, *answer_by, answered)) {
+      return timeout_error("the coordination service at " + host_port(config.host, std::to_string(config.port)) +
+                           " did not answer a " + std::string(wire::type_name(type)) + " request in time");
+    }
     if (failure) {
       return peer_failed(failure->message);
     }
@@ -202,60 +183,11 @@ Result<std::unique_ptr<CoordinationClient>> CoordinationClient::connect(ClientCo
   if (!auth::ready()) return system_error("libsodium could not start (no entropy source)");
   auto impl = std::make_unique<Impl>();
   impl->config = std::move(config);
-  const auto& c = impl->config;
-  const std::string where = c.host + ":" + std::to_string(c.port);
-
-  // Process 0 may not be listening yet: retry until the join timeout.
-  const auto deadline = Clock::now() + c.connect_timeout;
-  std::string last_error;
-  tcp::resolver resolver(impl->io);
-  for (auto pause = std::chrono::milliseconds(10);; pause = std::min(pause * 2, std::chrono::milliseconds(250))) {
-    std::error_code ec;
-    auto endpoints = resolver.resolve(c.host, std::to_string(c.port), ec);
-    if (!ec) {
-      impl->socket = tcp::socket(impl->io);
-      asio::connect(impl->socket, endpoints, ec);
-    }
-    if (!ec) break;
-    last_error = ec.message();
-    log_debug("join: " + where + ": " + last_error + "; trying again in " + std::to_string(pause.count()) + " ms");
-    if (Clock::now() + pause > deadline) {
-      return timeout_error("cannot reach the coordination service at " + where + " within " +
-                   std::to_string(std::chrono::duration_cast<std::chrono::seconds>(c.connect_timeout).count()) +
-                   " s: " + last_error);
-    }
-    std::this_thread::sleep_for(pause);
-  }
-  std::error_code ignored;
-  impl->socket.set_option(tcp::no_delay(true), ignored);
+  auto connection = connect_to_service(impl->io, impl->config);
+  if (!connection.ok()) return connection.error();
+  impl->socket = std::move(connection.value().socket);
   impl->fd = impl->socket.native_handle();
-
-  // Handshake: the service's challenge, our proof, its proof back.
-  FrameReader frames(impl->fd, wire::kMaxHandshakeFrameBytes);
-  std::string error;
-  auto challenge = frames.next(error);
-  if (!challenge || challenge->type != wire::Type::kChallenge) {
-    return unavailable("the coordination service at " + where + " did not send a challenge" +
-                 (error.empty() ? std::string() : " (" + error + ")"));
-  }
-  const std::string client_nonce = auth::random_nonce();
-  impl->write_frame(wire::Frame{wire::Type::kHello,
-                                {wire::encode_u64(static_cast<std::uint64_t>(c.rank)),
-                                 wire::encode_u64(static_cast<std::uint64_t>(c.size)), client_nonce,
-                                 auth::hello_mac(c.secret, challenge->items[0], static_cast<std::uint64_t>(c.rank),
-                                                 static_cast<std::uint64_t>(c.size))}});
-  auto welcome = frames.next(error);
-  if (welcome && welcome->type == wire::Type::kRefused) {
-    return permission_denied("the coordination service at " + where + " refused process " + std::to_string(c.rank) + ": " +
-                 welcome->items[0]);
-  }
-  if (!welcome || welcome->type != wire::Type::kWelcome) {
-    return unavailable("the coordination service at " + where + " closed the handshake" +
-                 (error.empty() ? std::string() : " (" + error + ")"));
-  }
-  if (!auth::same_mac(welcome->items[0], auth::welcome_mac(c.secret, client_nonce))) {
-    return permission_denied("the service at " + where + " does not know this pool's secret: another pool's coordinator on that port?");
-  }
+  impl->leftover = std::move(connection.value().leftover);
 
   Impl* raw = impl.get();
   impl->last_heard = Clock::now();
@@ -276,18 +208,21 @@ CoordinationClient::~CoordinationClient() {
 }
 
 void CoordinationClient::put(const std::string& key, const std::string& value) {
-  impl_->write_frame(wire::Frame{wire::Type::kPut, {key, value}});
+  impl_->write_bytes(wire::encode(wire::Type::kPut, {key, value}));
 }
 
 Result<std::optional<std::string>> CoordinationClient::get(const std::string& key, std::chrono::milliseconds timeout) {
-  auto reply = impl_->request(wire::Frame{wire::Type::kGet, {key, wire::encode_u64(static_cast<std::uint64_t>(timeout.count()))}});
+  const std::string timeout_item = wire::encode_u64(static_cast<std::uint64_t>(timeout.count()));
+  auto reply = impl_->request(wire::Type::kGet, {key, timeout_item});
   if (!reply.ok()) return reply.error();
-  if (reply.value().type == wire::Type::kValue) return std::optional<std::string>(reply.value().items[1]);
+  if (reply.value().type == wire::Type::kValue) return std::optional<std::string>(std::move(reply.value().items[1]));
   return std::optional<std::string>();
 }
 
-Result<std::vector<int>> CoordinationClient::agree(const std::string& name, std::chrono::milliseconds patience) {
-  auto reply = impl_->request(wire::Frame{wire::Type::kAgree, {name, wire::encode_u64(static_cast<std::uint64_t>(patience.count()))}});
+Result<std::vector<int>> CoordinationClient::agree(const std::string& name, std::chrono::milliseconds patience,
+                                                   std::optional<Clock::time_point> answer_by) {
+  const std::string patience_item = wire::encode_u64(static_cast<std::uint64_t>(patience.count()));
+  auto reply = impl_->request(wire::Type::kAgree, {name, patience_item}, answer_by);
   if (!reply.ok()) return reply.error();
   if (reply.value().type == wire::Type::kAgreeTimeout) return parse_ranks(reply.value().items[1]);
   return std::vector<int>();
@@ -295,15 +230,15 @@ Result<std::vector<int>> CoordinationClient::agree(const std::string& name, std:
 
 Result<std::vector<std::string>> CoordinationClient::gather(const std::string& round, const std::string& bytes,
                                                             std::chrono::milliseconds patience, std::vector<int>& missing) {
-  auto reply = impl_->request(
-      wire::Frame{wire::Type::kGather, {round, bytes, wire::encode_u64(static_cast<std::uint64_t>(patience.count()))}});
+  const std::string patience_item = wire::encode_u64(static_cast<std::uint64_t>(patience.count()));
+  auto reply = impl_->request(wire::Type::kGather, {round, bytes, patience_item});
   if (!reply.ok()) return reply.error();
   if (reply.value().type == wire::Type::kAgreeTimeout) {
     missing = parse_ranks(reply.value().items[1]);
     return std::vector<std::string>();
   }
   auto& items = reply.value().items;
-  return std::vector<std::string>(items.begin() + 1, items.end());
+  return std::vector<std::string>(std::make_move_iterator(items.begin() + 1), std::make_move_iterator(items.end()));
 }
 
 void CoordinationClient::publish_failure(const std::string& message, std::chrono::milliseconds bound) {

@@ -19,7 +19,10 @@ namespace {
 // The process's pool, for the signal and terminate handlers.
 std::atomic<Pool::State*> g_pool{nullptr};
 std::terminate_handler g_previous_terminate = nullptr;
+bool g_terminate_installed = false;
 bool g_handlers_installed = false;
+// The message of the PoolError a failed join() threw (see guard_join_failure).
+std::string g_join_failure;
 
 [[noreturn]] void wait_for_the_end() {
   // Another thread is already ending the process.
@@ -49,9 +52,13 @@ void on_fatal_signal(int signal_number) {
 
 void on_terminate() {
   std::string message = "uncaught exception";
+  bool join_failed = false;
   if (auto current = std::current_exception()) {
     try {
       std::rethrow_exception(current);
+    } catch (const PoolError& error) {
+      message += ": " + std::string(error.what());
+      join_failed = !g_join_failure.empty() && g_join_failure == error.what();
     } catch (const std::exception& error) {
       message += ": " + std::string(error.what());
     } catch (...) {
@@ -59,8 +66,19 @@ void on_terminate() {
     }
   }
   if (Pool::State* state = g_pool.load()) state->fail(message, 1);
+  if (join_failed) {
+    log_error("error: cannot join the pool: " + g_join_failure);
+    std::fflush(nullptr);
+    ::_exit(kJoinFailedExitCode);
+  }
   if (g_previous_terminate) g_previous_terminate();
   std::abort();
+}
+
+void install_terminate_handler() {
+  if (g_terminate_installed) return;
+  g_previous_terminate = std::set_terminate(on_terminate);
+  g_terminate_installed = true;
 }
 
 }  // namespace
@@ -126,15 +144,20 @@ void attach_failure_path(Pool::State& state, bool handlers) {
     action.sa_flags = SA_RESETHAND;
     sigaction(number, &action, nullptr);
   }
-  g_previous_terminate = std::set_terminate(on_terminate);
+  install_terminate_handler();
   g_handlers_installed = true;
 }
+
+void guard_join_failure() { install_terminate_handler(); }
+
+void note_join_failure(const std::string& message) { g_join_failure = message; }
 
 void detach_failure_path(Pool::State& state) {
   Pool::State* expected = &state;
   if (!g_pool.compare_exchange_strong(expected, nullptr) || !g_handlers_installed) return;
   for (int number : kFatalSignals) std::signal(number, SIG_DFL);
   std::set_terminate(g_previous_terminate);
+  g_terminate_installed = false;
   g_handlers_installed = false;
 }
 

@@ -9,6 +9,7 @@
 #include "dew/log.h"
 #include "dew/text.h"
 #include "pool_state.h"
+#include "wait_reporter.h"
 
 namespace dew::runtime {
 namespace {
@@ -83,7 +84,7 @@ void check_tcp_pool(const Pool::State& state, const std::string& secret) {
   }
 }
 
-void connect_client(Pool::State& state, const std::string& secret) {
+void connect_client(Pool::State& state, const std::string& secret, Clock::time_point deadline) {
   const Identity& id = state.identity;
   // Process 0 reaches its own service on the loopback.
   const bool local = id.rank == 0;
@@ -92,7 +93,7 @@ void connect_client(Pool::State& state, const std::string& secret) {
   log_debug("join: connecting to the coordination service at " + host_port(host, std::to_string(port)));
   Pool::State* raw = &state;
   auto client = CoordinationClient::connect(
-      ClientConfig{host, port, id.rank, id.size, secret, state.settings.heartbeat_timeout,
+      ClientConfig{host, port, id.rank, id.size, secret, state.settings.heartbeat_timeout, deadline,
                    state.settings.join_timeout, [raw](const PeerFailure&) {
                      std::lock_guard lock(raw->mutex);
                      if (!raw->failure_heard) raw->failure_heard = Clock::now();
@@ -134,11 +135,36 @@ int Pool::rank() const { return state_->identity.rank; }
 int Pool::size() const { return state_->identity.size; }
 std::string Pool::backend() const { return backend_of(*state_); }
 
-Pool join(JoinOptions options) {
-  static std::atomic<bool> joined{false};
-  if (joined.exchange(true)) {
-    throw PoolError(invalid_argument("join() was called twice: a process belongs to one pool"));
+namespace {
+
+// The join's last phase: every process has connected. Bounded by the join's
+// deadline even when process 0's service stops answering (SIGSTOP).
+void agree_joined(Pool::State& state, Clock::time_point started) {
+  const auto deadline = started + state.settings.join_timeout;
+  const auto patience = std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()),
+                                 std::chrono::milliseconds(0));
+  WaitReporter reporter("every process to join the pool", started, state.settings.join_timeout);
+  TickerThread ticker([&] {
+    const auto missing = state.service ? state.service->unconnected_ranks() : std::vector<int>{};
+    reporter.tick(missing.empty() ? "" : processes_text(missing) + " not connected yet");
+  });
+  // The service answers at the patience's end; a little longer is its silence.
+  auto agreed = state.client->agree("dew.joined", patience, deadline + std::chrono::seconds(2));
+  if (!agreed.ok() && agreed.error().code == ErrorCode::kTimeout && !state.client->failure()) {
+    state.end_for_peer(PeerFailure{0, "the coordination service at " + state.identity.coordinator->text() +
+                                          " stopped answering during the join (process 0 stopped or overloaded); "
+                                          "waited " + seconds_of(state.settings.join_timeout) +
+                                          " (DEW_JOIN_TIMEOUT_SECONDS)"});
   }
+  const auto missing = state.checked(std::move(agreed));
+  if (!missing.empty()) {
+    state.fail(processes_text(missing) + " never joined the pool within " + seconds_of(state.settings.join_timeout) +
+                   " (DEW_JOIN_TIMEOUT_SECONDS)",
+               1);
+  }
+}
+
+std::unique_ptr<Pool::State> join_pool(const JoinOptions& options, Clock::time_point started) {
   if (auto level = configure_log_level_from_env(); !level.ok()) throw PoolError(level.error());
   const Environment env = current_environment();
   auto identity = resolve_identity(env, options);
@@ -172,25 +198,57 @@ Pool join(JoinOptions options) {
       log_debug("join: coordinator " + id.coordinator->text() + " from " + id.coordinator_from);
       if (id.rank == 0) state->service = start_service(*state, secret, id.coordinator->port);
     }
-    connect_client(*state, secret);
+    connect_client(*state, secret, started + state->settings.join_timeout);
   }
 
   attach_failure_path(*state, options.failure_handlers);
   if (state->client) {
     state->start_watch();
-    auto missing = state->checked(state->client->agree("dew.joined", state->settings.join_timeout));
-    if (!missing.empty()) {
-      state->fail(processes_text(missing) + " never joined the pool within " + seconds_of(state->settings.join_timeout) +
-                      " (DEW_JOIN_TIMEOUT_SECONDS)",
-                  1);
-    }
+    agree_joined(*state, started);
   }
   log_info("Joined the pool: process " + std::to_string(id.rank) + " of " + std::to_string(id.size) + " (" +
            std::string(source_name(id.source)) + ", " + backend_of(*state) + ")");
-  return Pool(std::move(state));
+  return state;
 }
 
+}  // namespace
+
+Pool join(JoinOptions options) {
+  static std::atomic<bool> joined{false};
+  if (joined.exchange(true)) {
+    throw PoolError(invalid_argument("join() was called twice: a process belongs to one pool"));
+  }
+  const auto started = Clock::now();
+  // A join that fails throws; left uncaught, that is one line and
+  // kJoinFailedExitCode rather than std::terminate's abort.
+  if (options.failure_handlers) guard_join_failure();
+  try {
+    return Pool(join_pool(options, started));
+  } catch (const PoolError& error) {
+    note_join_failure(error.what());
+    throw;
+  }
+}
+
+namespace {
+
+std::string mib(std::size_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
+
+// Refuses, before anything is sent, a message the coordination service
+// would drop: one frame holds at most wire::kMaxFrameBytes.
+void check_frame_size(std::size_t frame_bytes, std::size_t payload_bytes, const std::string& what) {
+  if (frame_bytes <= wire::kMaxFrameBytes) return;
+  throw PoolError(invalid_argument(what + ": the payload of " + std::to_string(payload_bytes) +
+                                   " bytes is over the coordination service's limit of " +
+                                   std::to_string(payload_bytes - (frame_bytes - wire::kMaxFrameBytes)) +
+                                   " bytes a message (" + mib(wire::kMaxFrameBytes) +
+                                   " with the frame); send large data over a communicator (dew/comm.h)"));
+}
+
+}  // namespace
+
 void Pool::put(const std::string& key, const std::string& value) {
+  check_frame_size(wire::encoded_size({key.size(), value.size()}), value.size(), "put('" + printable(key) + "')");
   if (!state_->client) {
     // A pool of one may still run several device threads that rendezvous here.
     std::lock_guard lock(state_->mutex);
@@ -217,6 +275,21 @@ std::string Pool::get(const std::string& key, std::chrono::milliseconds timeout)
 }
 
 std::vector<std::string> Pool::all_gather(const std::string& bytes) {
+  // Checked in a pool of one too: a program must not pass alone and fail in a pool.
+  const unsigned round = state_->gather_round;
+  const std::string name = "gather#" + std::to_string(round);
+  const std::string what = "all_gather round " + std::to_string(round);
+  check_frame_size(wire::encoded_size({8, name.size(), bytes.size(), 8}), bytes.size(), what);
+  // Every process's part comes back in one reply to each.
+  const auto per_process = wire::kMaxGatheredBytes / static_cast<std::size_t>(size()) - 4;
+  if (bytes.size() > per_process) {
+    throw PoolError(invalid_argument(what + ": the payload of " + std::to_string(bytes.size()) +
+                                     " bytes is over the limit of " + std::to_string(per_process) +
+                                     " bytes a process for a pool of " + std::to_string(size()) + " (" +
+                                     mib(wire::kMaxGatheredBytes) +
+                                     " a round); send large data over a communicator (dew/comm.h)"));
+  }
+  ++state_->gather_round;
   if (!state_->client) return {bytes};
   if (state_->pmix) {
     auto gathered = state_->pmix->all_gather(bytes, state_->settings.agreement_patience);
@@ -226,14 +299,11 @@ std::vector<std::string> Pool::all_gather(const std::string& bytes) {
     }
     return std::move(gathered.value());
   }
-  const unsigned round = state_->gather_round++;
   std::vector<int> missing;
-  auto parts = state_->checked(state_->client->gather("gather#" + std::to_string(round), bytes,
-                                                      state_->settings.agreement_patience, missing));
+  auto parts = state_->checked(state_->client->gather(name, bytes, state_->settings.agreement_patience, missing));
   if (!missing.empty()) {
-    throw PoolError(timeout_error("all_gather round " + std::to_string(round) + " ran out of patience after " +
-                                  seconds_of(state_->settings.agreement_patience) + ": " + processes_text(missing) +
-                                  " never arrived"));
+    throw PoolError(timeout_error(what + " ran out of patience after " + seconds_of(state_->settings.agreement_patience) +
+                                  ": " + processes_text(missing) + " never arrived"));
   }
   return parts;
 }

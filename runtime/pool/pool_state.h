@@ -83,5 +83,10 @@ struct Pool::State {
 void attach_failure_path(Pool::State& state, bool handlers);
 // Undoes it, when `state` is still the attached pool.
 void detach_failure_path(Pool::State& state);
+// Before a join: a PoolError that join() throws (and notes here) and the
+// program leaves uncaught ends the process with one line and
+// kJoinFailedExitCode instead of std::terminate's abort.
+void guard_join_failure();
+void note_join_failure(const std::string& message);
 
 }  // namespace dew::runtime

@@ -65,19 +65,62 @@ bool item_count_allowed(Type type, std::size_t count) {
   return count >= shape.min_items && (shape.max_items == kAny || count <= shape.max_items);
 }
 
-std::string encode(const Frame& frame) {
+std::string encode(const Frame& frame) { return encode_head(frame.type, frame.items, 0); }
+
+std::string encode(Type type, const std::vector<std::string_view>& items) {
   std::size_t body = 1;
-  for (const auto& item : frame.items) body += 4 + item.size();
+  for (const auto& item : items) body += 4 + item.size();
   std::string out;
   out.reserve(kHeaderBytes + body);
   put_u32(out, static_cast<std::uint32_t>(body));
-  out.push_back(static_cast<char>(frame.type));
-  for (const auto& item : frame.items) {
-    put_u32(out, static_cast<std::uint32_t>(item.size()));
-    out += item;
-  }
+  out.push_back(static_cast<char>(type));
+  for (const auto& item : items) append_item(out, item);
   return out;
 }
+
+std::string encode_items(const std::vector<std::string>& items) {
+  std::size_t bytes = 0;
+  for (const auto& item : items) bytes += 4 + item.size();
+  std::string out;
+  out.reserve(bytes);
+  for (const auto& item : items) append_item(out, item);
+  return out;
+}
+
+std::string encode_length(std::size_t bytes) {
+  std::string out;
+  put_u32(out, static_cast<std::uint32_t>(bytes));
+  return out;
+}
+
+void append_item(std::string& out, std::string_view item) {
+  put_u32(out, static_cast<std::uint32_t>(item.size()));
+  out += item;
+}
+
+std::optional<std::size_t> announced_size(std::string_view buffer) {
+  if (buffer.size() < kHeaderBytes) return std::nullopt;
+  return kHeaderBytes + get_u32(buffer, 0);
+}
+
+std::string encode_head(Type type, const std::vector<std::string>& leading, std::size_t tail_bytes) {
+  std::size_t body = 1 + tail_bytes;
+  for (const auto& item : leading) body += 4 + item.size();
+  std::string out;
+  out.reserve(kHeaderBytes + body - tail_bytes);
+  put_u32(out, static_cast<std::uint32_t>(body));
+  out.push_back(static_cast<char>(type));
+  for (const auto& item : leading) append_item(out, item);
+  return out;
+}
+
+std::size_t encoded_size(const std::vector<std::size_t>& item_sizes) {
+  std::size_t bytes = kHeaderBytes + 1;
+  for (std::size_t size : item_sizes) bytes += 4 + size;
+  return bytes;
+}
+
+std::uint32_t decode_u32(std::string_view bytes) { return get_u32(bytes, 0); }
 
 std::string encode_u64(std::uint64_t value) {
   std::string out;
@@ -94,13 +137,14 @@ std::optional<std::uint64_t> decode_u64(std::string_view item) {
   return value;
 }
 
-Decoded decode(std::string_view buffer, std::size_t max_frame_bytes) {
-  Decoded result;
+DecodedViews decode_views(std::string_view buffer, std::size_t max_frame_bytes) {
+  DecodedViews result;
   if (buffer.size() < kHeaderBytes) return result;
   const std::size_t length = get_u32(buffer, 0);
   auto bad = [&](std::string error) {
     result.status = DecodeStatus::kBad;
     result.error = std::move(error);
+    result.items.clear();
     return result;
   };
   if (length == 0) return bad("empty frame (length 0; a frame holds at least its type byte)");
@@ -119,30 +163,43 @@ Decoded decode(std::string_view buffer, std::size_t max_frame_bytes) {
   if (buffer.size() - kHeaderBytes < length) return result;
 
   const std::string_view body = buffer.substr(kHeaderBytes, length);
-  Frame frame;
-  frame.type = static_cast<Type>(type_byte);
+  result.type = static_cast<Type>(type_byte);
+  const std::string kind(type_name(result.type));
   std::size_t at = 1;
   while (at < body.size()) {
-    if (body.size() - at < 4) return bad("truncated item length in a " + std::string(type_name(frame.type)) + " frame");
+    if (body.size() - at < 4) return bad("truncated item length in a " + kind + " frame");
     const std::size_t item_length = get_u32(body, at);
     at += 4;
     if (item_length > body.size() - at) {
-      return bad("item of " + std::to_string(item_length) + " bytes overruns its " +
-                 std::string(type_name(frame.type)) + " frame");
+      return bad("item of " + std::to_string(item_length) + " bytes overruns its " + kind + " frame");
     }
-    frame.items.emplace_back(body.substr(at, item_length));
+    result.items.push_back(body.substr(at, item_length));
     at += item_length;
   }
-  if (!item_count_allowed(frame.type, frame.items.size())) {
-    return bad(std::string(type_name(frame.type)) + " frame with " + std::to_string(frame.items.size()) +
-               " items (allowed: " + std::to_string(kShapes[type_byte].min_items) +
-               (kShapes[type_byte].max_items == kAny ? " or more" :
-                kShapes[type_byte].max_items == kShapes[type_byte].min_items ? "" :
-                "-" + std::to_string(kShapes[type_byte].max_items)) + ")");
+  if (!item_count_allowed(result.type, result.items.size())) {
+    const Shape& shape = kShapes[type_byte];
+    return bad(kind + " frame with " + std::to_string(result.items.size()) + " items (allowed: " +
+               std::to_string(shape.min_items) +
+               (shape.max_items == kAny                ? " or more"
+                : shape.max_items == shape.min_items ? ""
+                                                     : "-" + std::to_string(shape.max_items)) +
+               ")");
   }
   result.status = DecodeStatus::kFrame;
-  result.frame = std::move(frame);
   result.consumed = kHeaderBytes + length;
+  return result;
+}
+
+Decoded decode(std::string_view buffer, std::size_t max_frame_bytes) {
+  auto views = decode_views(buffer, max_frame_bytes);
+  Decoded result;
+  result.status = views.status;
+  result.consumed = views.consumed;
+  result.error = std::move(views.error);
+  if (views.status == DecodeStatus::kFrame) {
+    result.frame.type = views.type;
+    result.frame.items.assign(views.items.begin(), views.items.end());
+  }
   return result;
 }
 

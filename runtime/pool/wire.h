@@ -45,11 +45,28 @@ struct Frame {
 // that has not yet proven it knows the secret (a hello is ~100 bytes).
 inline constexpr std::size_t kMaxFrameBytes = std::size_t{64} << 20;
 inline constexpr std::size_t kMaxHandshakeFrameBytes = 4096;
+// Largest reply a gather round may make (every process's part together):
+// well inside the 4-byte length, and what process 0 holds twice at most.
+inline constexpr std::size_t kMaxGatheredBytes = std::size_t{1} << 30;
 // The length prefix.
 inline constexpr std::size_t kHeaderBytes = 4;
 
 std::string encode(const Frame& frame);
+// The same bytes from items the caller holds: a large value is copied once.
+std::string encode(Type type, const std::vector<std::string_view>& items);
+// A frame in two parts, for items several frames share (a gather's parts,
+// sent to every process): the shared items encoded once by encode_items(),
+// and for each frame a head with its own leading items.
+//   encode_head(t, a, encode_items(b).size()) + encode_items(b) == encode({t, a + b})
+std::string encode_items(const std::vector<std::string>& items);
+void append_item(std::string& out, std::string_view item);  // one item of encode_items()
+std::string encode_length(std::size_t bytes);                // the 4 bytes before an item
+std::string encode_head(Type type, const std::vector<std::string>& leading, std::size_t tail_bytes);
+// The bytes encode() makes of a frame with items of these sizes.
+std::size_t encoded_size(const std::vector<std::size_t>& item_sizes);
 std::string encode_u64(std::uint64_t value);
+// The 4-byte big-endian number `bytes` starts with (at least 4 bytes).
+std::uint32_t decode_u32(std::string_view bytes);
 // nullopt unless the item is exactly 8 bytes.
 std::optional<std::uint64_t> decode_u64(std::string_view item);
 
@@ -62,11 +79,25 @@ struct Decoded {
   std::string error;        // when kBad: one line naming what is wrong
 };
 
+// What decode() finds, with the items left in place: views into the buffer,
+// valid while it is. For a reader that keeps a large item where it arrived.
+struct DecodedViews {
+  DecodeStatus status = DecodeStatus::kNeedMore;
+  Type type = Type::kHeartbeat;
+  std::vector<std::string_view> items;  // when kFrame
+  std::size_t consumed = 0;
+  std::string error;
+};
+DecodedViews decode_views(std::string_view buffer, std::size_t max_frame_bytes);
+
 // Decodes the first frame of `buffer`. kNeedMore: the frame is not all there
 // yet; kBad: the bytes can never become a valid frame (unknown type, wrong
 // item count, lengths that overrun, a length above max_frame_bytes), and the
 // connection must be closed. Never reads past buffer.size().
 Decoded decode(std::string_view buffer, std::size_t max_frame_bytes);
+// The whole size (header included) of the frame `buffer` starts with, once
+// its header is there: for a reader that sizes its buffer in one step.
+std::optional<std::size_t> announced_size(std::string_view buffer);
 
 // Item counts each type must carry ("kGathered" carries 1 + pool size: at
 // least one). Exposed for the tests.

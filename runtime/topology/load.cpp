@@ -6,7 +6,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <optional>
 #include <string>
 
@@ -133,15 +132,21 @@ Result<Topology> load_topology_file(const std::string& path) {
     return error == std::errc::no_such_file_or_directory ? not_found(what) : system_error(what);
   }
   if (std::filesystem::is_directory(status)) return invalid_argument(path + ": cannot read: it is a directory");
+  const std::string too_large = " is too large for a topology file; allowed: up to " +
+                                std::to_string(kMaxFileBytes >> 20) + " MiB";
   const std::uintmax_t size = std::filesystem::file_size(path, error);
-  if (!error && size > kMaxFileBytes) {
-    return invalid_argument(path + ": " + std::to_string(size >> 20) +
-                            " MiB is too large for a topology file; allowed: up to " +
-                            std::to_string(kMaxFileBytes >> 20) + " MiB");
-  }
+  if (!error && size > kMaxFileBytes) return invalid_argument(path + ": " + std::to_string(size >> 20) + " MiB" + too_large);
+  // The limit holds for what is read, not only for what a regular file says
+  // its size is: a device (/dev/zero), a FIFO or a process substitution has
+  // no size and may never end.
   std::ifstream in(path, std::ios::binary);
   if (!in) return system_error(path + ": cannot read: " + std::strerror(errno));
-  std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string content;
+  char chunk[1 << 16];
+  while (in.read(chunk, sizeof chunk) || in.gcount() > 0) {
+    content.append(chunk, static_cast<std::size_t>(in.gcount()));
+    if (content.size() > kMaxFileBytes) return invalid_argument(path + ": more than " + std::to_string(kMaxFileBytes >> 20) + " MiB read, which" + too_large);
+  }
   if (in.bad()) return system_error(path + ": cannot read: " + std::strerror(errno));
   return parse_topology_text(content, path);
 }

@@ -11,6 +11,9 @@
 //   pool_worker shared DIR          require_shared_directory(DIR with %r = rank)
 //   pool_worker fingerprint         compile_cache_key()
 //   pool_worker watchdog MS         one step longer than a StepWatchdog of MS
+//   pool_worker race ROUNDS         rank 0 puts a key every 0.3-1.2 ms; the
+//                                   others poll each with 1 ms gets and retry
+//   pool_worker gather BYTES ROUNDS every rank all_gathers BYTES bytes, ROUNDS times
 //   pool_worker join                join and leave (benchmarks)
 //   pool_worker start               exit before joining (the benchmarks' baseline)
 #include <signal.h>
@@ -19,6 +22,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <stdexcept>
 #include <string>
@@ -70,6 +74,75 @@ int steps(Pool& pool, int rank, F at_step3) {
   }
 }
 
+// Short-timeout gets racing puts: the timeouts expire while (or just after)
+// the put that answers them arrives, round after round.
+int race(Pool& pool, int rounds) {
+  if (pool.rank() == 0) {
+    for (int round = 0; round < rounds; ++round) {
+      pool.put("race." + std::to_string(round), std::to_string(round));
+      std::this_thread::sleep_for(std::chrono::microseconds(300 + (round * 7919) % 900));
+    }
+  } else {
+    long timeouts = 0;
+    for (int round = 0; round < rounds; ++round) {
+      const std::string key = "race." + std::to_string(round);
+      for (;;) {
+        try {
+          if (pool.get(key, 1ms) != std::to_string(round)) {
+            line("RACE wrong value for " + key);
+            return 1;
+          }
+          break;
+        } catch (const dew::runtime::PoolError& error) {
+          if (error.code() != dew::ErrorCode::kTimeout) throw;
+          ++timeouts;
+        }
+      }
+    }
+    line("RACE rank " + std::to_string(pool.rank()) + " read " + std::to_string(rounds) + " keys after " +
+         std::to_string(timeouts) + " timeouts");
+  }
+  pool.agree("race done");
+  return 0;
+}
+
+// A line of /proc/self/status in kB ("VmRSS", "VmHWM").
+long status_kb(const std::string& name) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind(name + ":", 0) == 0) return std::stol(line.substr(name.size() + 1));
+  }
+  return -1;
+}
+
+// Large all_gathers: each part is the rank's byte repeated; a refusal is
+// caught and printed, as a program that falls back would. Prints the
+// resident memory before the first round and its peak after the last
+// (bench/pool --case gather-memory reads them).
+int gather(Pool& pool, std::size_t bytes, int rounds) {
+  const long idle_kb = status_kb("VmRSS");
+  for (int round = 0; round < rounds; ++round) {
+    try {
+      const auto parts = pool.all_gather(std::string(bytes, static_cast<char>('a' + pool.rank() % 26)));
+      for (int r = 0; r < pool.size(); ++r) {
+        const auto& part = parts[static_cast<std::size_t>(r)];
+        if (part.size() != bytes || part.find_first_not_of(static_cast<char>('a' + r % 26)) != std::string::npos) {
+          line("GATHER wrong part from rank " + std::to_string(r));
+          return 1;
+        }
+      }
+    } catch (const dew::runtime::PoolError& error) {
+      line(std::string("GATHER refused: ") + error.what());
+      return 3;
+    }
+  }
+  line("GATHER ok: " + std::to_string(rounds) + " rounds of " + std::to_string(pool.size()) + " parts of " +
+       std::to_string(bytes) + " bytes");
+  line("MEMORY idle_kb=" + std::to_string(idle_kb) + " peak_kb=" + std::to_string(status_kb("VmHWM")));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -93,6 +166,8 @@ int main(int argc, char** argv) {
   Pool pool = dew::runtime::join();
   if (scenario == "exchange") return exchange(pool);
   if (scenario == "join") return 0;
+  if (scenario == "race") return race(pool, arg(2));
+  if (scenario == "gather") return gather(pool, static_cast<std::size_t>(std::stoll(argv[2])), arg(3));
   if (scenario == "throw") {
     steps(pool, arg(2), [&] {
       // The benchmark times from this line (wall clock: other processes read it).

@@ -1,21 +1,16 @@
 // Topology files as users hand them to `dew topo --topology`: the real hwloc
 // fixtures of tests/fixtures/topology (see SOURCES.md), NCCL topology XML,
-// saved `nvidia-smi topo -m` text, and broken files of each kind.
+// saved `nvidia-smi topo -m` text. Broken files: broken_files_test.cpp.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "dew/topology.h"
+#include "topology_fixtures.h"
 
 namespace dew::topology {
 namespace {
@@ -25,20 +20,10 @@ using ::testing::AllOf;
 using ::testing::Contains;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
-
-std::string fixture_dir() {
-  const char* root = std::getenv("DEW_FIXTURES");
-  return std::string(root != nullptr ? root : "tests/fixtures") + "/topology";
-}
-
-std::string fixture(const std::string& name) { return fixture_dir() + "/" + name; }
-
-std::string read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+using testing::fixture;
+using testing::fixture_dir;
+using testing::fixture_files;
+using testing::read;
 
 Topology load(const std::string& name) {
   auto topology = load_topology_file(fixture(name));
@@ -70,15 +55,6 @@ void expect_consistent(const Topology& t) {
   }
 }
 
-std::vector<std::string> fixture_files() {
-  std::vector<std::string> names;
-  for (const auto& entry : fs::directory_iterator(fixture_dir())) {
-    const std::string name = entry.path().filename().string();
-    if (name != "SOURCES.md") names.push_back(name);
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
 
 TEST(TopologyFixtures, EveryFixtureLoadsConsistently) {
   const std::vector<std::string> names = fixture_files();
@@ -312,178 +288,6 @@ TEST(NvidiaSmiText, SocIsTheOldNameOfSys) {
   auto t = parse_topology_text("\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tSOC\t0-7\nGPU1\tSOC\t X \t8-15\n", "old.txt");
   ASSERT_TRUE(t.ok()) << t.error().message;
   EXPECT_EQ(t.value().path[1], PathClass::kSYS);
-}
-
-// --- Broken files: one line naming the file and the problem ---
-
-class TempDir : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("dew-topology-test-" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string write(const std::string& name, const std::string& content) {
-    const std::string path = (dir_ / name).string();
-    std::ofstream(path, std::ios::binary) << content;
-    return path;
-  }
-  fs::path dir_;
-};
-
-using BrokenFiles = TempDir;
-
-void expect_one_line_error(const Result<Topology>& result, const std::string& path) {
-  ASSERT_FALSE(result.ok());
-  EXPECT_THAT(result.error().message, StartsWith(path + ": "));
-  EXPECT_EQ(result.error().message.find('\n'), std::string::npos) << result.error().message;
-}
-
-TEST_F(BrokenFiles, EveryXmlFixtureCutShortIsATruncationError) {
-  for (const std::string& name : fixture_files()) {
-    if (name.find(".xml") == std::string::npos) continue;
-    SCOPED_TRACE(name);
-    const std::string content = read(fixture(name));
-    for (std::size_t keep : {content.size() / 2, content.size() - 20}) {
-      const std::string path = write("cut-" + name, content.substr(0, keep));
-      auto result = load_topology_file(path);
-      expect_one_line_error(result, path);
-      EXPECT_THAT(result.error().message, HasSubstr("truncated XML"));
-    }
-  }
-}
-
-TEST_F(BrokenFiles, MalformedXmlSaysWhere) {
-  const std::string path = write("bad.xml", "<topology version=\"2.0\"><object type=\"Machine\"></topology>");
-  auto result = load_topology_file(path);
-  expect_one_line_error(result, path);
-  EXPECT_THAT(result.error().message, AllOf(HasSubstr("malformed XML at byte"), HasSubstr("mismatch")));
-}
-
-TEST_F(BrokenFiles, WellFormedXmlThatHwlocRejects) {
-  const std::string path = write("odd.xml", "<topology version=\"2.0\"><object type=\"Bogus\"/></topology>");
-  auto result = load_topology_file(path);
-  expect_one_line_error(result, path);
-  EXPECT_THAT(result.error().message, HasSubstr("hwloc rejected it"));
-}
-
-TEST_F(BrokenFiles, AFileThatCrashesHwlocIsAnErrorHere) {
-  // hwloc 2.9 dereferences the complete_cpuset of a Package that has a
-  // cpuset but no complete_cpuset (found by topology_loaders_fuzz).
-  std::string content = read(fixture("16amd64-4distances.xml"));
-  const std::string attribute = "complete_cpuset=\"0x00000003\"";
-  ASSERT_NE(content.find(attribute), std::string::npos);
-  content.replace(content.find(attribute), attribute.size(), "completX_cpuset=\"0x00000003\"");
-  const std::string path = write("crashes-hwloc.xml", content);
-  auto result = load_topology_file(path);
-  expect_one_line_error(result, path);
-  EXPECT_THAT(result.error().message, HasSubstr("hwloc crashed reading it (Segmentation fault)"));
-}
-
-TEST_F(BrokenFiles, APuWithoutOsIndexIsRefusedBeforeHwlocSpendsSecondsOnIt) {
-  std::string content = read(fixture("16amd64-8n2c-cpusets.xml"));
-  const std::size_t pu = content.find("type=\"PU\" os_index=");
-  ASSERT_NE(pu, std::string::npos);
-  content.replace(pu, std::string("type=\"PU\" os_index=").size(), "type=\"PU\" no_index=");
-  const std::string path = write("pu.xml", content);
-  auto result = load_topology_file(path);
-  expect_one_line_error(result, path);
-  EXPECT_THAT(result.error().message,
-              HasSubstr("<object type=\"PU\" os_index=\"\"> is not allowed; allowed: an os_index from 0 to 1048575"));
-}
-
-TEST_F(BrokenFiles, MoreGpusThanATopologyHolds) {
-  std::string header;
-  for (int g = 0; g <= 1024; ++g) header += "\tGPU" + std::to_string(g);
-  const std::string path = write("wide.txt", header + "\nGPU0\t X \n");
-  auto result = load_topology_file(path);
-  expect_one_line_error(result, path);
-  EXPECT_THAT(result.error().message, HasSubstr("the header names 1025 GPUs; allowed: at most 1024"));
-}
-
-TEST_F(BrokenFiles, XmlOfAnotherKind) {
-  const std::string path = write("page.xml", "<?xml version=\"1.0\"?><html><body/></html>");
-  auto result = load_topology_file(path);
-  expect_one_line_error(result, path);
-  EXPECT_THAT(result.error().message, HasSubstr("XML root element <html> is neither hwloc's <topology> nor NCCL's"));
-}
-
-TEST_F(BrokenFiles, EmptyBinaryMissingAndDirectory) {
-  const std::string empty = write("empty.xml", " \n\t\n");
-  expect_one_line_error(load_topology_file(empty), empty);
-  EXPECT_THAT(load_topology_file(empty).error().message, HasSubstr("empty file"));
-
-  const std::string binary = write("blob.bin", std::string("\x7f" "ELF\0\0\x01\x02", 8));
-  expect_one_line_error(load_topology_file(binary), binary);
-  EXPECT_THAT(load_topology_file(binary).error().message, HasSubstr("not a topology file"));
-
-  const std::string missing = (dir_ / "missing.xml").string();
-  EXPECT_EQ(load_topology_file(missing).error().message, missing + ": cannot read: No such file or directory");
-
-  EXPECT_EQ(load_topology_file(dir_.string()).error().message, dir_.string() + ": cannot read: it is a directory");
-}
-
-TEST_F(BrokenFiles, NcclXmlProblemsNameTheElement) {
-  const std::vector<std::pair<std::string, std::string>> cases{
-      {"<system><cpu numaid=\"0\"><gpu dev=\"0\"/></cpu></system>", "<gpu dev=\"0\"> outside a <pci> element"},
-      {"<system><cpu numaid=\"0\"><pci busid=\"zz\" class=\"0x030200\"><gpu dev=\"0\"/></pci></cpu></system>",
-       "<pci busid=\"zz\"> is not a PCI address"},
-      {"<system><cpu numaid=\"x\"/></system>", "<cpu numaid=\"x\"> is not allowed"},
-      {"<system><cpu numaid=\"0\" affinity=\"ffff,zz\"/></system>", "cpu mask 'ffff,zz' is not allowed"},
-      {"<system><cpu numaid=\"0\"><pci busid=\"0000:07:00.0\" class=\"0x030200\"><gpu dev=\"0\">"
-       "<nvlink target=\"0000:08:00.0\" count=\"-2\"/></gpu></pci></cpu></system>",
-       "count=\"-2\"> is not allowed; allowed: a count of 1 to 1024 links"},
-      {"<system><cpu numaid=\"0\"><pci busid=\"0000:07:00.0\" class=\"0x030200\"><gpu dev=\"0\"/></pci>"
-       "<pci busid=\"0000:07:00.0\" class=\"0x030200\"><gpu dev=\"1\"/></pci></cpu></system>",
-       "two <pci> elements have busid 0000:07:00.0"},
-  };
-  for (const auto& [content, problem] : cases) {
-    SCOPED_TRACE(content);
-    const std::string path = write("nccl.xml", content);
-    auto result = load_topology_file(path);
-    expect_one_line_error(result, path);
-    EXPECT_THAT(result.error().message, HasSubstr(problem));
-  }
-}
-
-TEST_F(BrokenFiles, NcclXmlNestedTooDeepIsRefusedNotRecursedInto) {
-  std::string deep = "<system>";
-  for (int i = 0; i < 200; ++i) deep += "<pci busid=\"0000:" + std::to_string(10 + i % 80) + ":00." +
-                                        std::to_string(i / 80) + "\" class=\"0x060400\">";
-  for (int i = 0; i < 200; ++i) deep += "</pci>";
-  deep += "</system>";
-  const std::string path = write("deep.xml", deep);
-  auto result = load_topology_file(path);
-  expect_one_line_error(result, path);
-  EXPECT_THAT(result.error().message, HasSubstr("nested more than 64 deep"));
-}
-
-TEST_F(BrokenFiles, NvidiaSmiTextProblemsNameTheLineAndCell) {
-  const std::string header = "\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\n";
-  const std::vector<std::pair<std::string, std::string>> cases{
-      {header + "GPU0\t X \tNV4\t0-7\t0\n", "the matrix has no row for GPU1 (truncated?)"},
-      {header + "GPU0\t X \tNV4\t0-7\t0\nGPU1\tNV4\n", "line 3: row GPU1 has 1 cells; the header names 2 devices"},
-      {header + "GPU0\t X \tNVX\t0-7\t0\nGPU1\tNV4\t X \t0-7\t0\n",
-       "line 2: GPU0/GPU1 cell 'NVX' is not one of X, NV#, PIX, PXB, PHB, NODE, SYS"},
-      {header + "GPU0\t X \tNV4\t0-7\t0\nGPU1\tPHB\t X \t0-7\t0\n", "GPU1/GPU0 says 'PHB' but GPU0/GPU1 says 'NV4'"},
-      {header + "GPU0\t X \tNV4\t0-7\t0\nGPU1\tNV4\tSYS\t0-7\t0\n", "GPU1/GPU1 cell 'SYS' must be X"},
-      {"GPU0\t X \tNV4\nGPU1\tNV4\t X \n", "line 1: the matrix has no header line above it"},
-      {header + "GPU0\t X \tNV4\t0-7\t0\nGPU7\tNV4\t X \t0-7\t0\n", "line 3: row 'GPU7' is not a device"},
-      {"\tGPU0\tGPU2\nGPU0\t X \tNV4\n", "line 1: the header names GPU2 where GPU1 belongs"},
-  };
-  for (const auto& [content, problem] : cases) {
-    SCOPED_TRACE(content);
-    const std::string path = write("topo.txt", content);
-    auto result = load_topology_file(path);
-    expect_one_line_error(result, path);
-    EXPECT_THAT(result.error().message, HasSubstr(problem));
-  }
-}
-
-TEST(ParseTopologyText, TheNameStandsForTheFile) {
-  auto result = parse_topology_text("<topology", "pasted");
-  ASSERT_FALSE(result.ok());
-  EXPECT_THAT(result.error().message, StartsWith("pasted: truncated XML: it ends before </topology> ("));
 }
 
 }  // namespace

@@ -1,0 +1,160 @@
+// The coordination service's requests: keys, agreements, gathers and the
+// pool's one failure. Runs on the service's thread (see service_impl.h).
+#include <algorithm>
+
+#include "dew/text.h"
+#include "service_impl.h"
+
+namespace dew::runtime {
+void CoordinationService::Impl::handle(const SessionPtr& session, wire::Frame& frame) {
+  switch (frame.type) {
+    case wire::Type::kHeartbeat: return;
+    case wire::Type::kBye: {
+      session->bye = true;
+      return;
+    }
+    case wire::Type::kPut: return handle_put(frame);
+    case wire::Type::kGet: return handle_get(session, frame);
+    case wire::Type::kAgree: return handle_agree(session, frame);
+    case wire::Type::kFail: return publish(PeerFailure{session->rank, frame.items[1]});
+    default:
+      close(session, "closed the connection of process " + std::to_string(session->rank) + ": unexpected " +
+                         std::string(wire::type_name(frame.type)) + " frame");
+  }
+}
+
+void CoordinationService::Impl::handle_put(wire::Frame& frame) {
+  const std::string& key = frame.items[0];
+  auto range = gets.equal_range(key);
+  for (auto it = range.first; it != range.second; ++it) {
+    it->second.timer->cancel();
+    send(it->second.session, wire::Frame{wire::Type::kValue, {it->second.request, frame.items[1]}});
+  }
+  gets.erase(range.first, range.second);
+  kv[key] = std::move(frame.items[1]);
+}
+
+std::optional<CoordinationService::Impl::Waiter> CoordinationService::Impl::take_waiter(std::vector<Waiter>& waiters,
+                                                                                      std::uint64_t id) {
+  auto it = std::find_if(waiters.begin(), waiters.end(), [id](const Waiter& w) { return w.id == id; });
+  if (it == waiters.end()) return std::nullopt;
+  Waiter waiter = std::move(*it);
+  waiters.erase(it);
+  return waiter;
+}
+
+std::shared_ptr<asio::steady_timer> CoordinationService::Impl::timer_for(std::string_view patience_item) {
+  const auto ms = wire::decode_u64(patience_item).value_or(0);
+  auto timer = std::make_shared<asio::steady_timer>(io);
+  // Patience is bounded by what a steady_clock can add (a day is typical).
+  timer->expires_after(std::chrono::milliseconds(std::min<std::uint64_t>(ms, 1ULL << 40)));
+  return timer;
+}
+
+void CoordinationService::Impl::handle_get(const SessionPtr& session, const wire::Frame& frame) {
+  const std::string& key = frame.items[1];
+  if (auto found = kv.find(key); found != kv.end()) {
+    send(session, wire::Frame{wire::Type::kValue, {frame.items[0], found->second}});
+    return;
+  }
+  auto timer = timer_for(frame.items[2]);
+  const std::uint64_t id = next_waiter++;
+  gets.emplace(key, Waiter{id, session, frame.items[0], timer});
+  timer->async_wait([this, key, id](std::error_code ec) {
+    if (ec) return;  // cancelled: answered
+    auto range = gets.equal_range(key);
+    auto it = std::find_if(range.first, range.second, [id](const auto& entry) { return entry.second.id == id; });
+    if (it == range.second) return;  // answered after the timer had expired
+    send(it->second.session, wire::Frame{wire::Type::kNotFound, {it->second.request}});
+    gets.erase(it);
+  });
+}
+
+std::vector<int> CoordinationService::Impl::missing_from(const std::set<int>& arrived) const {
+  std::vector<int> missing;
+  for (int rank = 0; rank < config.size; ++rank) {
+    if (!arrived.count(rank)) missing.push_back(rank);
+  }
+  return missing;
+}
+
+void CoordinationService::Impl::handle_agree(const SessionPtr& session, const wire::Frame& frame) {
+  const std::string name = frame.items[1];
+  Agreement& agreement = agreements[name];
+  agreement.arrived.insert(session->rank);
+  if (static_cast<int>(agreement.arrived.size()) == config.size) {
+    for (auto& waiter : agreement.waiters) {
+      waiter.timer->cancel();
+      send(waiter.session, wire::Frame{wire::Type::kAgreed, {waiter.request}});
+    }
+    send(session, wire::Frame{wire::Type::kAgreed, {frame.items[0]}});
+    agreements.erase(name);
+    return;
+  }
+  auto timer = timer_for(frame.items[2]);
+  const std::uint64_t id = next_waiter++;
+  agreement.waiters.push_back(Waiter{id, session, frame.items[0], timer});
+  timer->async_wait([this, name, id](std::error_code ec) {
+    if (ec) return;
+    auto found = agreements.find(name);
+    if (found == agreements.end()) return;
+    if (auto waiter = take_waiter(found->second.waiters, id)) {
+      send(waiter->session, wire::Frame{wire::Type::kAgreeTimeout,
+                                        {waiter->request, dew::join(missing_from(found->second.arrived), ",")}});
+    }
+  });
+}
+
+void CoordinationService::Impl::handle_gather(const SessionPtr& session, const std::string& request,
+                                              const std::string& round, std::string_view patience, Part part) {
+  Gathering& gathering = gatherings[round];
+  gathering.parts[session->rank] = std::move(part);
+  auto timer = timer_for(patience);
+  const std::uint64_t id = next_waiter++;
+  gathering.waiters.push_back(Waiter{id, session, request, timer});
+  if (static_cast<int>(gathering.parts.size()) == config.size) {
+    complete_gather(round);
+    return;
+  }
+  timer->async_wait([this, round, id](std::error_code ec) {
+    if (ec) return;
+    auto found = gatherings.find(round);
+    if (found == gatherings.end()) return;
+    auto waiter = take_waiter(found->second.waiters, id);
+    if (!waiter) return;
+    std::set<int> arrived;
+    for (auto& [rank, part] : found->second.parts) arrived.insert(rank);
+    send(waiter->session, wire::Frame{wire::Type::kAgreeTimeout, {waiter->request, dew::join(missing_from(arrived), ",")}});
+  });
+}
+
+// Every process gets the same parts: each reply is its own head followed by
+// the parts themselves, shared and written in place, so process 0 holds a
+// round's payload at most once however many processes there are.
+void CoordinationService::Impl::complete_gather(const std::string& round) {
+  Gathering& gathering = gatherings[round];
+  std::vector<std::shared_ptr<const Part>> parts;
+  std::size_t bytes = 0;
+  for (auto& [rank, part] : gathering.parts) {
+    bytes += wire::kHeaderBytes + part.length;
+    parts.push_back(std::make_shared<const Part>(std::move(part)));
+  }
+  for (auto& waiter : gathering.waiters) {
+    waiter.timer->cancel();
+    send_shared(waiter.session, wire::encode_head(wire::Type::kGathered, {waiter.request}, bytes), parts);
+  }
+  gatherings.erase(round);
+}
+
+void CoordinationService::Impl::publish(PeerFailure failed) {
+  if (failure) return;
+  failure = failed;
+  const wire::Frame push{wire::Type::kFailure,
+                         {wire::encode_u64(static_cast<std::uint64_t>(failed.rank)), failed.message}};
+  for (const auto& client : clients) {
+    if (client && !client->closed) send(client, push);
+  }
+  note_flushed();
+}
+
+}  // namespace dew::runtime

@@ -1,0 +1,150 @@
+// How a join ends when the coordinator is not what it should be: nothing
+// listening, a silent listener, another program, a process 0 that stopped,
+// a host that does not resolve, a missing secret, a taken port. Every case
+// ends within the join timeout with one line naming the address, the phase
+// and what was heard, and exit code 69 (kJoinFailedExitCode).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <thread>
+
+#include "dew/exit_status.h"
+#include "local_pool.h"
+
+namespace {
+
+using dew::testing::LocalPool;
+using dew::testing::Spawned;
+using dew::testing::worker;
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+// Rank `rank` of `size` joining the coordinator at 127.0.0.1:port.
+std::unique_ptr<Spawned> joiner(int rank, int size, std::uint16_t port, const std::string& join_timeout,
+                                std::map<std::string, std::string> extra = {}) {
+  extra["DEW_PROCESS_ID"] = std::to_string(rank);
+  extra["DEW_PROCESS_COUNT"] = std::to_string(size);
+  extra.try_emplace("DEW_COORDINATOR_ADDRESS", "127.0.0.1:" + std::to_string(port));
+  extra.try_emplace("DEW_POOL_SECRET", dew::testing::kSecret);
+  extra["DEW_JOIN_TIMEOUT_SECONDS"] = join_timeout;
+  return std::make_unique<Spawned>(std::vector<std::string>{worker(), "join"}, extra);
+}
+
+// A listening socket that never accepts: the kernel completes connections
+// into its backlog, and nothing is ever said.
+struct SilentListener {
+  SilentListener() {
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
+    listen(fd, 16);
+    socklen_t length = sizeof address;
+    getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+    port = ntohs(address.sin_port);
+  }
+  ~SilentListener() { close(fd); }
+  int fd = -1;
+  std::uint16_t port = 0;
+};
+
+TEST(Join, ASilentListenerEndsTheJoinAtItsTimeoutWithProgressLines) {
+  SilentListener listener;
+  auto rank = joiner(1, 2, listener.port, "7");
+  ASSERT_EQ(rank->wait(20s), dew::kJoinFailedExitCode) << rank->err();
+  EXPECT_GE(rank->seconds(), 6.5);
+  EXPECT_LT(rank->seconds(), 10.0);
+  const std::string where = "127.0.0.1:" + std::to_string(listener.port);
+  EXPECT_THAT(rank->err(), HasSubstr("[1] waiting for the coordination service at " + where + " to answer (5 s of 7 s)"));
+  EXPECT_THAT(rank->err(), HasSubstr("[1] error: cannot join the pool: the coordinator at " + where +
+                                     " accepted the connection but the handshake did not end within 7 s "
+                                     "(DEW_JOIN_TIMEOUT_SECONDS): heard nothing"));
+  EXPECT_EQ(dew::testing::occurrences(rank->err(), "error"), 1) << rank->err();
+}
+
+TEST(Join, AnotherProgramOnThePortIsNamedAtOnce) {
+  SilentListener listener;
+  std::thread server([&] {
+    const int connection = accept(listener.fd, nullptr, nullptr);
+    const std::string reply = "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n";
+    [[maybe_unused]] auto n = send(connection, reply.data(), reply.size(), MSG_NOSIGNAL);
+    std::this_thread::sleep_for(3s);
+    close(connection);
+  });
+  auto rank = joiner(1, 2, listener.port, "30");
+  EXPECT_EQ(rank->wait(20s), dew::kJoinFailedExitCode) << rank->err();
+  server.join();
+  EXPECT_LT(rank->seconds(), 3.0);
+  EXPECT_THAT(rank->err(), HasSubstr("is not a Dew coordination service: handshake: heard 'HTTP/1.1 400 Bad Request"));
+}
+
+TEST(Join, NothingListeningEndsAtTheTimeoutSayingWhatWasTried) {
+  const auto port = dew::testing::free_loopback_port();
+  auto rank = joiner(1, 2, port, "6");
+  ASSERT_EQ(rank->wait(20s), dew::kJoinFailedExitCode) << rank->err();
+  EXPECT_LT(rank->seconds(), 9.0);
+  const std::string where = "127.0.0.1:" + std::to_string(port);
+  EXPECT_THAT(rank->err(), HasSubstr("[1] waiting for the coordinator at " + where + " (5 s of 6 s): Connection refused"));
+  EXPECT_THAT(rank->err(), HasSubstr("error: cannot join the pool: cannot reach the coordinator at " + where +
+                                     " within 6 s (DEW_JOIN_TIMEOUT_SECONDS): connecting: Connection refused"));
+}
+
+TEST(Join, AProcessZeroStoppedBeforeTheOthersJoinedIsNotWaitedForBeyondTheTimeout) {
+  LocalPool zero_alone(3, {"join"}, {{"DEW_LOG_LEVEL", "debug"}});
+  // Only rank 0 of the three is wanted here.
+  zero_alone.ranks[1]->signal(SIGKILL);
+  zero_alone.ranks[2]->signal(SIGKILL);
+  ASSERT_TRUE(zero_alone.ranks[0]->wait_for_output("listens on port", 20s)) << zero_alone.describe();
+  zero_alone.ranks[0]->signal(SIGSTOP);
+  auto rank = joiner(1, 3, zero_alone.port, "3");
+  EXPECT_EQ(rank->wait(20s), dew::kJoinFailedExitCode) << rank->err();
+  EXPECT_LT(rank->seconds(), 6.0);
+  EXPECT_THAT(rank->err(), HasSubstr("did not end within 3 s (DEW_JOIN_TIMEOUT_SECONDS): heard nothing (a silent "
+                                     "listener on that port, or process 0 is stopped)"));
+  zero_alone.ranks[0]->signal(SIGKILL);
+}
+
+TEST(Join, AProcessZeroStoppedDuringTheJoinsAgreementEndsItsPeersAtTheTimeout) {
+  // Rank 2 never comes; rank 0 stops once rank 1 waits in the join's
+  // agreement (its first progress line, at 5 s), which a stopped service
+  // never answers: rank 1 ends soon after the 8 s timeout.
+  LocalPool pool(3, {"join"}, {{"DEW_JOIN_TIMEOUT_SECONDS", "8"}});
+  pool.ranks[2]->signal(SIGKILL);
+  ASSERT_TRUE(pool.ranks[1]->wait_for_output("[1] waiting for every process to join the pool (5 s of 8 s)", 20s))
+      << pool.describe();
+  EXPECT_THAT(pool.ranks[0]->err(), HasSubstr("[0] waiting for every process to join the pool (5 s of 8 s): process 2 "
+                                              "not connected yet"));
+  pool.ranks[0]->signal(SIGSTOP);
+  EXPECT_EQ(pool.ranks[1]->wait(20s), dew::kPeerFailedExitCode) << pool.describe();
+  EXPECT_LT(pool.ranks[1]->seconds(), 13.0);
+  EXPECT_THAT(pool.ranks[1]->err(), HasSubstr("[1] ending: process 0 failed: the coordination service at 127.0.0.1:" +
+                                              std::to_string(pool.port) + " stopped answering during the join"));
+  pool.ranks[0]->signal(SIGKILL);
+}
+
+TEST(Join, AHostThatDoesNotResolveIsAnErrorAtOnce) {
+  auto rank = joiner(1, 2, 1, "20", {{"DEW_COORDINATOR_ADDRESS", "no-such-host.invalid:29500"}});
+  EXPECT_EQ(rank->wait(40s), dew::kJoinFailedExitCode) << rank->err();
+  EXPECT_THAT(rank->err(), HasSubstr("cannot join the pool: cannot resolve the coordinator's host "
+                                     "'no-such-host.invalid'"));
+}
+
+TEST(Join, AMissingSecretIsOneLineAndTheJoinFailedCode) {
+  auto rank = joiner(1, 2, 1, "5", {{"DEW_POOL_SECRET", ""}});
+  EXPECT_EQ(rank->wait(20s), dew::kJoinFailedExitCode) << rank->err();
+  EXPECT_THAT(rank->err(), HasSubstr("[1] error: cannot join the pool: DEW_POOL_SECRET is not set"));
+  EXPECT_THAT(rank->err(), ::testing::Not(HasSubstr("terminate")));
+  EXPECT_EQ(dew::testing::occurrences(rank->err(), "\n"), 1) << rank->err();
+}
+
+TEST(Join, ATakenPortFailsProcessZeroNamingThePort) {
+  SilentListener taken;
+  auto rank = joiner(0, 2, taken.port, "5");
+  EXPECT_EQ(rank->wait(20s), dew::kJoinFailedExitCode) << rank->err();
+  EXPECT_THAT(rank->err(), HasSubstr("[0] error: cannot join the pool: the coordination service cannot listen on port " +
+                                     std::to_string(taken.port) + ": Address already in use"));
+}
+
+}  // namespace
