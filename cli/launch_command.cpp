@@ -34,163 +34,21 @@
 #include "dew/log.h"
 #include "dew/process.h"
 #include "dew/text.h"
+#include "dew/watchdog.h"
+#include "launch_edge.h"
 #include "launch_supervisor.h"
 
 namespace dew::cli {
 namespace {
 
-using namespace std::chrono_literals;
-
-// SIGTERM, then SIGKILL this long after: short, so that a failed pool is
-// gone at once (a stopped process gets this long to flush and exit).
-constexpr auto kGrace = 1s;
-// srun gets longer: it relays the signal to every node and cancels the step.
-constexpr auto kSrunGrace = 10s;
-// The query asked of a remote host over ssh.
-constexpr auto kQueryTimeout = 30s;
-
-struct LaunchArgs {
-  launch::LaunchOptions options;
-  int processes_per_host = 1;
-  int devices_per_process = 0;
-  int port = 0;
-  bool dry_run = false;
-  std::string program;  // the command's first word; its arguments are the subcommand's remaining()
-  CLI::App* app = nullptr;
-  CLI::Option* devices_option = nullptr;
-  CLI::Option* port_option = nullptr;
-};
-
-// What ends the launch before any process runs: a line and an exit code.
-struct Stop {
-  std::string line;
-  int code = 1;
-};
-
 template <typename T>
 using OrStop = std::variant<T, Stop>;
 
-std::string last_line(const std::string& text) {
-  std::string t = text;
-  while (!t.empty() && (t.back() == '\n' || t.back() == '\r')) t.pop_back();
-  const auto newline = t.rfind('\n');
-  std::string line = newline == std::string::npos ? t : t.substr(newline + 1);
-  std::erase(line, '\r');
-  return line;
-}
+using namespace std::chrono_literals;
+// SIGTERM, then SIGKILL this long after: short, so that a failed pool is
+// gone at once (a stopped process gets this long to flush and exit).
+constexpr auto kGrace = 1s;
 
-// A port free on this machine: a random one of kPortRange that binds
-// (without SO_REUSEADDR, so no socket in any state uses it) and that no
-// other dew launch has claimed. The TCP socket is held (close-on-exec) until
-// just before rank 0 starts; the claim for the whole launch, so launches on
-// one machine never draw the same port while either runs, even while rank 0
-// is still starting up.
-std::optional<int> hold_local_port(int& held) {
-  for (int attempt = 0; attempt < 200; ++attempt) {
-    auto random = random_u32();
-    if (!random.ok()) return std::nullopt;
-    const int port = port_from_random(random.value(), launch::kPortRange);
-    // The claim: an abstract Unix socket named after the port (Linux: no file
-    // to leave behind, gone when the launcher exits).
-    const int lock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_un name{};
-    name.sun_family = AF_UNIX;
-    const std::string label = "dew-launch-port-" + std::to_string(port);
-    std::memcpy(name.sun_path + 1, label.data(), label.size());  // sun_path[0] == 0: abstract
-    const auto name_size = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + label.size());
-    if (lock < 0 || bind(lock, reinterpret_cast<sockaddr*>(&name), name_size) != 0) {
-      if (lock >= 0) close(lock);
-      continue;  // another launch has it
-    }
-    held = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_ANY);
-    address.sin_port = htons(static_cast<std::uint16_t>(port));
-    if (held >= 0 && bind(held, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0) {
-      return port;  // the claim stays open until the launcher exits
-    }
-    if (held >= 0) close(held);
-    if (lock >= 0) close(lock);
-    held = -1;
-  }
-  return std::nullopt;
-}
-
-// This machine's GPUs: the launcher's CUDA_VISIBLE_DEVICES, and the GPUs the
-// driver shows (one entry each in /proc/driver/nvidia/gpus).
-launch::HostDevices local_devices() {
-  launch::HostDevices devices;
-  if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES")) devices.visible_devices = visible;
-  std::error_code error;
-  for (std::filesystem::directory_iterator it("/proc/driver/nvidia/gpus", error), end; !error && it != end;
-       it.increment(error)) {
-    ++devices.gpu_count;
-  }
-  return devices;
-}
-
-// The query of a remote host over ssh (host_query_script).
-Result<launch::HostAnswer> ask_host(const launch::LaunchOptions& options, const std::string& host, bool port,
-                                    bool devices) {
-  SpawnOptions query;
-  query.argv = launch::ssh_prefix(options, host);
-  query.argv.push_back(launch::host_query_script(port, devices));
-  auto reply = capture(query, kQueryTimeout);
-  if (!reply.ok()) return reply.error();
-  const auto& r = reply.value();
-  if (r.timed_out || !WIFEXITED(r.wait_status) || WEXITSTATUS(r.wait_status) != 0) {
-    const std::string how = r.timed_out ? "no answer in 30 s" : "ended with " + describe_wait_status(r.wait_status);
-    const std::string said = last_line(r.err);
-    return unavailable("cannot ask " + host + " for " + (port ? "a free port" : "its GPUs") + " over ssh (" + how +
-                       (said.empty() ? "" : ": " + said) + "); " + ssh_hint(host));
-  }
-  return launch::parse_host_reply(r.out, host, port, devices);
-}
-
-// The port and the hosts' GPUs, asked of remote hosts in parallel.
-std::optional<Stop> gather_host_facts(const LaunchArgs& args, launch::LaunchFacts& facts, int& held) {
-  const launch::LaunchOptions& o = args.options;
-  const auto hosts = launch::effective_hosts(o);
-  const bool devices = o.devices_per_process.has_value();
-  const bool ask_port = !o.port && hosts.front() != launch::kLocalHost;
-  if (o.port) {
-    facts.port = *o.port;
-  } else if (!ask_port) {
-    auto port = hold_local_port(held);
-    if (!port) {
-      return Stop{"cannot find a free port from " + std::to_string(launch::kPortRange.low) + " to " +
-                  std::to_string(launch::kPortRange.high) + " on this machine (200 tries); give --port"};
-    }
-    facts.port = *port;
-  }
-  if (args.dry_run) {
-    if (ask_port) facts.port_text = "PORT";
-    if (ask_port || (devices && !launch::all_local(o))) {
-      log_info("--dry-run: remote hosts are not asked; the port shows as PORT and their GPUs as indices");
-    }
-  }
-  std::vector<std::pair<std::string, std::future<Result<launch::HostAnswer>>>> asked;
-  for (const auto& host : hosts) {
-    if (host == launch::kLocalHost) {
-      if (devices) facts.devices[host] = local_devices();
-      continue;
-    }
-    const bool port = ask_port && host == hosts.front();
-    if (args.dry_run) {
-      if (devices) facts.devices[host] = {std::nullopt, static_cast<unsigned>(o.processes_per_host * *o.devices_per_process)};
-      continue;
-    }
-    if (port || devices) asked.emplace_back(host, std::async(std::launch::async, ask_host, o, host, port, devices));
-  }
-  for (auto& [host, answer] : asked) {
-    auto got = answer.get();
-    if (!got.ok()) return Stop{got.error().message};
-    if (got.value().port) facts.port = *got.value().port;
-    if (got.value().devices) facts.devices[host] = *got.value().devices;
-  }
-  return std::nullopt;
-}
 
 // The words after the first "--" that follows the `launch` word of this
 // process's own command line (Linux: /proc/self/cmdline), if there is one.
@@ -214,51 +72,7 @@ std::string local_hostname() {
   return name;
 }
 
-std::vector<std::pair<std::string, std::optional<std::string>>> env_changes(const std::vector<launch::EnvVar>& env) {
-  return {env.begin(), env.end()};
-}
 
-int run_slurm(const launch::LaunchOptions& options, const std::vector<launch::EnvVar>& env, bool dry_run) {
-  SpawnOptions help_options;
-  help_options.argv = {"srun", "--help"};
-  auto help = capture(help_options, 30s);
-  if (!help.ok() || !WIFEXITED(help.value().wait_status) || WEXITSTATUS(help.value().wait_status) != 0) {
-    const std::string why = help.ok() ? "ended with " + describe_wait_status(help.value().wait_status) + ": " +
-                                            last_line(help.value().err)
-                                      : help.error().message;
-    log_error("--slurm: `srun --help` failed (" + why + "); is Slurm's srun on PATH?");
-    return 1;
-  }
-  auto argv = launch::srun_command(options, launch::srun_has_dew_pool(help.value().out));
-  if (!argv.ok()) {
-    log_error(argv.error().message);
-    return 2;
-  }
-  if (dry_run) {
-    std::vector<std::string> words;
-    if (!env.empty()) words.emplace_back("env");
-    for (const auto& [name, value] : env) words.push_back(name + "=" + value);
-    words.insert(words.end(), argv.value().begin(), argv.value().end());
-    write_all(1, "slurm: " + launch::display_words(words) + "\n");
-    return 0;
-  }
-  Supervisor supervisor(std::chrono::duration_cast<std::chrono::milliseconds>(kSrunGrace));
-  SpawnOptions srun_options;
-  srun_options.argv = argv.value();
-  srun_options.env = env_changes(env);
-  srun_options.die_with_parent = true;
-  auto srun = spawn(srun_options);
-  if (!srun.ok()) {
-    log_error(srun.error().message);
-    return exit_code_of(127 << 8);
-  }
-  Running running;
-  running.rank = -1;
-  running.host = "srun";
-  running.io = srun.value();
-  supervisor.add(std::move(running));
-  return supervisor.run();
-}
 
 // The options as the user gave them, checked: the plan's options and --env.
 OrStop<std::vector<launch::EnvVar>> checked_options(LaunchArgs& args) {
@@ -270,6 +84,11 @@ OrStop<std::vector<launch::EnvVar>> checked_options(LaunchArgs& args) {
                 2};
   }
   o.processes_per_host = args.processes_per_host;
+  if (args.watchdog_option->count() > 0) {
+    auto watchdog = parse_watchdog(args.watchdog, "--watchdog");
+    if (!watchdog.ok()) return Stop{watchdog.error().message, 2};
+    o.watchdog = watchdog.value();
+  }
   if (args.devices_option->count() > 0) o.devices_per_process = args.devices_per_process;
   if (args.port_option->count() > 0) o.port = args.port;
   auto validated = launch::validate(o);
@@ -277,6 +96,19 @@ OrStop<std::vector<launch::EnvVar>> checked_options(LaunchArgs& args) {
   auto env = launch::parse_env_options(o.env, o.devices_per_process.has_value(), o.private_dirs);
   if (!env.ok()) return Stop{env.error().message, 2};
   return env.value();
+}
+
+// --private-dirs replaces what the launcher's own environment says of these
+// (HOME always is): said once, so that nobody wonders where a cache went.
+void note_private_overrides() {
+  std::vector<std::string> replaced;
+  for (const auto name : launch::kPrivateDirVariables) {
+    if (name != "HOME" && std::getenv(std::string(name).c_str()) != nullptr) replaced.emplace_back(name);
+  }
+  if (!replaced.empty()) {
+    log_info("--private-dirs: " + join(replaced, ", ") +
+             " from this environment replaced by each process's own (under its private directory)");
+  }
 }
 
 // Starts every process, rank 0 last: the port stays held while the others
@@ -337,7 +169,10 @@ int run_launch(LaunchArgs& args) {
   auto secret = random_hex(32);
   auto private_id = random_hex(6);
   if (!secret.ok() || !private_id.ok()) return fail(Stop{(secret.ok() ? private_id : secret).error().message});
-  facts.secret = secret.value();
+  // A dry run shows a placeholder: a live secret is never printed.
+  facts.secret = args.dry_run ? std::string(launch::kSecretPlaceholder) : secret.value();
+  if (const char* flags = std::getenv("XLA_FLAGS")) facts.xla_flags = flags;
+  if (o.private_dirs) note_private_overrides();
   if (o.private_dirs) facts.private_root = launch::private_root_for(private_id.value());
   int held = -1;
   if (auto stop = gather_host_facts(args, facts, held)) return fail(*stop);
@@ -409,12 +244,24 @@ void add_launch_options(CLI::App* launch, LaunchArgs& args) {
       ->type_name("DIR");
   launch->add_flag("--private-dirs", args.options.private_dirs,
                    "Rehearsal: every process starts in a directory of its own, /tmp/dew-launch-<id>/<rank>/work, "
-                   "with its own HOME (…/home) and DEW_CACHE_DIR (…/cache)");
+                   "with its own HOME (…/home), DEW_CACHE_DIR and XDG_CACHE_HOME (…/cache), HF_HOME "
+                   "(…/cache/huggingface), JAX_COMPILATION_CACHE_DIR (…/cache/jax) and TMPDIR (…/tmp), "
+                   "replacing the values in this environment");
+  args.watchdog_option =
+      launch
+          ->add_option("--watchdog", args.watchdog,
+                       "XLA execution watchdog appended to every process's XLA_FLAGS (" +
+                           std::string(kXlaWatchdogFlag) +
+                           "), as srun --dew-watchdog does: a duration such as 30m, 1h30m or 90s, or off; a value "
+                           "already in XLA_FLAGS stands (default: 30m; under --slurm with the plugin, its default)")
+          ->type_name("DURATION|off");
   launch->add_flag("--slurm", args.options.slurm,
-                   "Inside an allocation, hand the launch to srun --ntasks-per-node=N --kill-on-bad-exit=1 "
-                   "--export=ALL (--env variables in srun's environment), with --dew-pool when Dew's SPANK plugin "
-                   "is loaded (srun --help lists --dew-pool); --devices-per-process, --port and --coordinator "
-                   "become --dew-* options and are refused without the plugin");
+                   "Inside an allocation, hand the launch to srun --ntasks-per-node=N --export=ALL --label "
+                   "(--env variables in srun's environment): with --dew-pool when Dew's SPANK plugin is loaded "
+                   "(srun --help lists --dew-pool; --devices-per-process, --port, --coordinator and --watchdog "
+                   "become --dew-* options); without it with --kill-on-bad-exit=1, and the launcher gives srun's "
+                   "environment the pool's secret, the watchdog and, with --coordinator or --port, the "
+                   "coordinator (--devices-per-process needs the plugin)");
   launch
       ->add_option("--ssh-config", args.options.ssh_config,
                    "ssh -F FILE for every ssh the launcher runs (default: $DEW_LAUNCH_SSH_CONFIG, else ssh's own)")

@@ -100,6 +100,13 @@ int Supervisor::run() {
   for (auto& p : processes_) {
     for (int* fd : {&p->io.out, &p->io.err, &p->io.in}) close_fd(*fd);
   }
+  const bool srun = processes_.size() == 1 && processes_[0]->rank < 0;
+  if (srun && !signalled_ && processes_[0]->status != 0) {
+    exit_code_ = srun_exit_code();
+    log_error("srun ended with " + describe_wait_status(processes_[0]->status) +
+              (blame_ ? "; the failing rank: rank " + std::to_string(blame_->rank) + " (" + blame_->why + ")" : "") +
+              "; exiting with " + std::to_string(exit_code_));
+  }
   return exit_code_;
 }
 
@@ -114,7 +121,21 @@ int Supervisor::open_streams() const {
 }
 
 void Supervisor::emit(const Running& p, bool err, const std::string& line) {
+  note_line(p, line);
   write_all(err ? 2 : 1, p.rank < 0 ? launch::relabel_srun_line(line) : launch::rank_line(p.rank, line));
+}
+
+// What the lines say about the failure: which process a pool's peers (or,
+// under srun, the plugin) named, and how srun says its tasks ended.
+void Supervisor::note_line(const Running& p, const std::string& line) {
+  if (!blame_) {
+    std::string text = p.rank < 0 ? launch::relabel_srun_line(line) : line;
+    if (p.rank < 0) text.pop_back();  // relabel_srun_line's newline
+    blame_ = launch::peer_blame(text);
+  }
+  if (p.rank < 0) {
+    if (auto end = launch::srun_task_end(line)) srun_ends_.push_back(std::move(*end));
+  }
 }
 
 void Supervisor::pump(Running& p, bool err) {
@@ -139,6 +160,7 @@ void Supervisor::handle_signals() {
       reap();
     } else if (!stopping_) {
       exit_code_ = 128 + signo;
+      signalled_ = true;
       log_warn(std::string(strsignal(signo)) + " received: stopping every process");
       stop();
     } else {
@@ -158,6 +180,7 @@ std::vector<Running*> Supervisor::collect() {
       if (p->io.pid != pid || !p->alive) continue;
       p->alive = false;
       p->status = status;
+      if (awaited_ && p->rank == *awaited_) exit_code_ = exit_code_of(status);
       // Whatever else its group still runs goes with it.
       kill(-pid, stopping_ ? SIGKILL : 0);
       if (!stopping_ && status != 0) failed.push_back(p.get());
@@ -180,16 +203,46 @@ void Supervisor::reap() {
   }
   std::vector<std::pair<int, int>> statuses;
   for (const Running* p : failed) statuses.emplace_back(p->rank, p->status);
-  report(*failed[launch::pick_failure(statuses)]);
+  const Running& picked = *failed[launch::pick_failure(statuses)];
+  if (is_peer_failure(picked.status) && picked.rank >= 0) {
+    report_blamed(picked);
+  } else {
+    report(picked);
+  }
   stop();
+}
+
+// Every failure so far is "a peer failed": the process the peers named is
+// the failure, though it has not ended (frozen, found by heartbeats); the
+// launcher exits with its code once it is stopped.
+void Supervisor::report_blamed(const Running& peer) {
+  auto named = std::find_if(processes_.begin(), processes_.end(),
+                            [&](const auto& p) { return blame_ && p->rank == blame_->rank; });
+  if (named == processes_.end()) {
+    exit_code_ = 1;
+    log_error("rank " + std::to_string(peer.rank) + " on " + peer.host + " ended with " +
+              describe_wait_status(peer.status) + " (a peer failed; no process said which); stopping the other processes");
+    return;
+  }
+  const Running& culprit = **named;
+  log_error("rank " + std::to_string(culprit.rank) + " on " + culprit.host + " failed: its peers ended because " +
+            blame_->why + "; stopping the other processes");
+  if (culprit.alive) {
+    awaited_ = culprit.rank;
+    exit_code_ = 1;  // until it ends
+  } else {
+    exit_code_ = is_peer_failure(culprit.status) ? 1 : exit_code_of(culprit.status);
+  }
+}
+
+int Supervisor::srun_exit_code() const {
+  const auto srun = std::find_if(processes_.begin(), processes_.end(), [](const auto& p) { return p->rank < 0; });
+  return launch::slurm_exit_code(exit_code_of((*srun)->status), srun_ends_, blame_);
 }
 
 void Supervisor::report(const Running& p) {
   exit_code_ = exit_code_of(p.status);
-  if (p.rank < 0) {
-    log_error("srun ended with " + describe_wait_status(p.status));
-    return;
-  }
+  if (p.rank < 0) return;  // run() says how srun ended, once its last lines are read
   std::string line = "rank " + std::to_string(p.rank) + " on " + p.host + " ended with " + describe_wait_status(p.status);
   if (p.remote && WIFEXITED(p.status) && WEXITSTATUS(p.status) == 255) {
     line += " (ssh's code for a failed connection or login; " + ssh_hint(p.host) + ")";
@@ -201,6 +254,7 @@ void Supervisor::stop() {
   stopping_ = true;
   for (auto& p : processes_) close_fd(p->io.in);  // EOF: the remote watcher ends the command
   signal_all(SIGTERM);
+  signal_all(SIGCONT);  // a stopped process acts on SIGTERM only once continued
 }
 
 void Supervisor::signal_all(int signo) {

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,9 +37,13 @@ class Supervisor {
   void add(Running process);
   // Runs until every process has ended; returns the launcher's exit code:
   // the failing process's (its code, or 128 + signal), 128 + signal for a
-  // signal the launcher received, else 0.
+  // signal the launcher received, else 0. Never kPeerFailedExitCode: when
+  // every failure is a pool's "a peer failed", the process its peers named
+  // ("ending: process 1 failed: ...", a frozen one) is the failure; under
+  // srun, the rank the plugin or the peers named, from srun's lines.
   int run();
-  // Stops every process: SIGTERM, then SIGKILL after the grace (run() waits).
+  // Stops every process: SIGTERM (and SIGCONT, so that a stopped process
+  // gets it), then SIGKILL after the grace (run() waits).
   void stop();
 
  private:
@@ -51,12 +56,19 @@ class Supervisor {
   void reap();
   void report(const Running& p);
   void signal_all(int signo);
+  void note_line(const Running& p, const std::string& line);
+  void report_blamed(const Running& peer);
+  int srun_exit_code() const;
 
   std::chrono::milliseconds grace_;
   int signal_fd_ = -1;
   bool stopping_ = false;
   int exit_code_ = 0;
+  bool signalled_ = false;  // the launcher itself was told to stop
   std::vector<std::unique_ptr<Running>> processes_;
+  std::optional<launch::PeerBlame> blame_;   // the first process a line named as failed
+  std::optional<int> awaited_;               // that rank, still running when the failure was named
+  std::vector<launch::SrunTaskEnd> srun_ends_;
 };
 
 // One whole line on a stream with a single write().

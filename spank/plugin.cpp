@@ -9,6 +9,7 @@
 //                                srun: draw the step's pool secret
 //   slurm_spank_task_init        slurmstepd, per task, before exec: the task's environment
 //   slurm_spank_task_exit        slurmstepd, per task: kill-on-bad-exit
+//   slurm_spank_exit             slurmstepd: the step ender's thread stops
 #include <unistd.h>
 
 #include <chrono>
@@ -29,15 +30,11 @@ extern const char plugin_name[] = "dew";
 extern const char plugin_type[] = "spank";
 extern const unsigned int plugin_version = SLURM_VERSION_NUMBER;
 extern const unsigned int spank_plugin_version = 0;
-
-// Provided by slurmstepd (and srun) at run time; weak so the plugin loads
-// anywhere and checks for it before use. Not linking libslurm keeps the
-// plugin independent of which libslurm a site installs.
-int slurm_kill_job_step(uint32_t job_id, uint32_t step_id, uint16_t signal) __attribute__((weak));
 }
 
 #include "dew/hex.h"
 #include "pool_plan.h"
+#include "step_end.h"
 
 namespace dew::spank {
 namespace {
@@ -55,7 +52,10 @@ PlugstackConfig g_config;
 // slurmd log, so the message waits for task_init, whose errors reach srun.
 std::optional<Error> g_config_error;
 PoolOptions g_options;
-bool g_step_killed = false;  // per slurmstepd: report and kill once per node
+// Per slurmstepd (one node's tasks of one step): whether this node has
+// ended the step or seen it end, and what ends it.
+bool g_step_ending = false;
+StepEnder g_step_ender;
 
 void report(const Error& error) { slurm_error("dew: %s", error.message.c_str()); }
 
@@ -102,7 +102,7 @@ int on_option(int id, const char* optarg, int /*remote*/) {
       case kPool: g_options.pool = true; return 0;
       case kMultiHost: g_options.multi_host = true; return 0;
       case kDevicesPerProcess:
-        return store(parse_devices_per_process(value, "--dew-devices-per-process"), g_options.devices_per_process);
+        return store(parse_devices_per_process_option(value, "--dew-devices-per-process"), g_options.devices_per_process);
       case kPort: return store(parse_port(value, "--dew-port"), g_options.port);
       case kCoordinator: return store(parse_coordinator_host(value, "--dew-coordinator"), g_options.coordinator);
       case kWatchdog: return store(parse_watchdog(value, "--dew-watchdog"), g_options.watchdog);
@@ -120,9 +120,10 @@ spank_option g_option_table[] = {
      text("Form a Dew process pool: give every task its rank, the process count, a coordinator "
           "address and per-task GPUs."),
      0, kPool, on_option},
-    {text("dew-devices-per-process"), text("N"),
-     text("GPUs per task: local task L takes the step's GPUs [L*N, (L+1)*N) (default: every task "
-          "sees all; Slurm's own --gpus-per-task/--gpu-bind binding is kept)."),
+    {text("dew-devices-per-process"), text("N|off"),
+     text("GPUs per task: local task L takes the step's GPUs [L*N, (L+1)*N) (default: plugstack "
+          "devices_per_process for steps with GPUs, else every task sees all; off: every task sees all; "
+          "Slurm's own --gpus-per-task/--gpu-bind binding is kept)."),
      1, kDevicesPerProcess, on_option},
     {text("dew-port"), text("PORT"),
      text("Coordinator port (1024-65535; default: derived from job and step id in the admin's "
@@ -205,6 +206,7 @@ int task_init(spank_t sp) {
     }
   }
   for (const auto& name : plan.value().unset) spank_unsetenv(sp, name.c_str());
+  for (const auto& note : plan.value().notes) slurm_debug("dew: %s", note.c_str());
   return 0;
 }
 
@@ -217,25 +219,28 @@ int task_exit(spank_t sp) {
       !get_item(sp, S_JOB_ID, job) || !get_item(sp, S_JOB_STEPID, step)) {
     return 0;
   }
-  auto report = report_bad_exit(status, rank, job, step);
-  if (!report || g_step_killed) return 0;
-  g_step_killed = true;
-  if (report->tell_srun) {
-    slurm_error("dew: %s", report->line.c_str());
-    // Give slurmstepd's I/O thread a moment to forward the line to srun
-    // before the kill tears the step's I/O down: without the pause 4 lines in
-    // 10 were lost here; with 100 ms none in 30, for 0.1 s more to end a step.
-    usleep(kLinePause.count());
-  } else {
-    slurm_info("dew: %s", report->line.c_str());
+  const auto end = classify_task_end(status, rank, job, step, g_step_ending);
+  switch (end.kind) {
+    case TaskEnd::kClean: return 0;
+    case TaskEnd::kStepEnding:
+      g_step_ending = true;
+      slurm_info("dew: %s", end.line.c_str());
+      return 0;
+    case TaskEnd::kPeerFailed:
+      slurm_info("dew: %s", end.line.c_str());
+      if (!g_step_ending) g_step_ender.end_later(job, step, end.line);
+      return 0;
+    case TaskEnd::kFailed: break;
   }
-  if (slurm_kill_job_step == nullptr) {
-    slurm_error("dew: slurm_kill_job_step is not available in this process; cannot end step %u.%u", job, step);
-    return 0;
-  }
-  if (slurm_kill_job_step(job, step, SIGKILL) != 0) {
-    slurm_error("dew: could not end step %u.%u after rank %u failed", job, step, rank);
-  }
+  // One line and one end of the step per node: the first failure here.
+  if (g_step_ending) return 0;
+  g_step_ending = true;
+  slurm_error("dew: %s", end.line.c_str());
+  // Give slurmstepd's I/O thread a moment to forward the line to srun
+  // before the end of the step tears its I/O down: without the pause 4 lines
+  // in 10 were lost here; with 100 ms none in 30, for 0.1 s more to end a step.
+  usleep(kLinePause.count());
+  g_step_ender.end_now(job, step);
   return 0;
 }
 
@@ -295,6 +300,15 @@ int slurm_spank_task_init(spank_t sp, int, char**) {
 
 int slurm_spank_task_exit(spank_t sp, int, char**) {
   return guarded("task_exit", [&] { return task_exit(sp); });
+}
+
+// slurmstepd, once every task of this node has ended: the step ender's
+// thread stops before the plugin is unloaded.
+int slurm_spank_exit(spank_t, int, char**) {
+  return guarded("exit", [&] {
+    if (spank_context() == S_CTX_REMOTE) g_step_ender.stop();
+    return 0;
+  });
 }
 
 }  // extern "C"

@@ -29,11 +29,15 @@ struct PlugstackConfig {
   std::optional<unsigned> devices_per_process;
 };
 
+// --dew-devices-per-process: N, or off (an inner nullopt: every task sees all
+// of the step's GPUs, whatever the admin's default says).
+using DevicesPerProcess = std::optional<unsigned>;
+
 // What the user asked for on the srun/sbatch/salloc command line.
 struct PoolOptions {
   bool pool = false;
   bool multi_host = false;
-  std::optional<unsigned> devices_per_process;
+  std::optional<DevicesPerProcess> devices_per_process;
   std::optional<std::uint16_t> port;
   std::optional<std::string> coordinator;
   std::optional<Watchdog> watchdog;
@@ -48,6 +52,8 @@ Result<PlugstackConfig> parse_plugstack_args(const std::vector<std::string>& arg
 
 // Values of the srun options; `option` names the option in error messages.
 Result<unsigned> parse_devices_per_process(std::string_view text, std::string_view option);
+// The srun option's: N or off.
+Result<DevicesPerProcess> parse_devices_per_process_option(std::string_view text, std::string_view option);
 Result<std::uint16_t> parse_port(std::string_view text, std::string_view option);
 Result<PortRange> parse_port_range(std::string_view text, std::string_view option);
 Result<bool> parse_yes_no(std::string_view text, std::string_view option);
@@ -79,6 +85,7 @@ struct TaskFacts {
 struct EnvPlan {
   std::vector<std::pair<std::string, std::string>> set;
   std::vector<std::string> unset;
+  std::vector<std::string> notes;  // for slurmd's log (debug level)
 };
 
 // The host that runs rank 0, for distributions where that is known.
@@ -90,16 +97,35 @@ Result<EnvPlan> plan_task_environment(const TaskFacts& facts, const PoolOptions&
 
 // --------------------------------------------------------- task exits ---
 
-// What kill-on-bad-exit says when a task ends badly.
-struct BadExitReport {
-  std::string line;  // "rank 1 ended with exit code 3; ending step 42.0 (kill-on-bad-exit)"
-  // False for SIGKILL, most often our own kill arriving from another node:
-  // srun's stderr keeps the one line about the rank that failed first.
-  bool tell_srun = true;
+// How a task of a pool step ended, as kill-on-bad-exit treats it. Within a
+// libdew pool the failing rank publishes its error and its peers end at once
+// with kPeerFailedExitCode, often before the failing rank's own exit reaches
+// its slurmstepd: a peer's 75 never names the cause.
+enum class TaskEnd {
+  kClean,       // exit code 0
+  kFailed,      // its own failure: named, and the step is ended now
+  kPeerFailed,  // 75: another rank failed; that rank's exit ends the step, or this node does after kPeerGrace
+  kStepEnding,  // the step's end reaching it (SIGTERM, or SIGKILL once this node knows the step is ending)
 };
 
-// nullopt for a clean exit (code 0).
-std::optional<BadExitReport> report_bad_exit(int wait_status, std::uint32_t rank, std::uint32_t job_id,
-                                             std::uint32_t step_id);
+// How the plugin ends a step: SIGTERM to every task, SIGKILL kStepKillGrace
+// later to any that caught it. A task killed by SIGKILL before that (the OOM
+// killer, kill -9) is a failure of its own and is named.
+inline constexpr int kStepEndSignal = 15;      // SIGTERM
+inline constexpr std::chrono::milliseconds kStepKillGrace{2000};
+// How long a node that saw only peers' 75s waits for the failing rank's own
+// exit to end the step before ending it itself (a frozen or lost rank).
+inline constexpr std::chrono::milliseconds kPeerGrace{1000};
+
+struct TaskEndReport {
+  TaskEnd kind = TaskEnd::kClean;
+  // kFailed: "rank 1 ended with exit code 3; ending step 42.0 (kill-on-bad-exit)",
+  // for srun's stderr; the other kinds: a line for slurmd's log.
+  std::string line;
+};
+
+// `step_ending`: this node has already ended the step or seen its end.
+TaskEndReport classify_task_end(int wait_status, std::uint32_t rank, std::uint32_t job_id, std::uint32_t step_id,
+                                bool step_ending);
 
 }  // namespace dew::spank

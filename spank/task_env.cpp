@@ -55,6 +55,8 @@ Result<EnvPlan> plan_task_environment(const TaskFacts& facts, const PoolOptions&
   set("DEW_LOCAL_PROCESS_ID", pool ? std::to_string(facts.local_task) : "0");
   set("DEW_LOCAL_PROCESS_COUNT", pool ? std::to_string(facts.local_task_count) : "1");
   set("DEW_NODE_ID", pool ? std::to_string(facts.node_id) : "0");
+  // libdew reads SLURM_NTASKS=1 as "alone" unless told otherwise.
+  if (options.multi_host) set("DEW_MULTI_HOST", "1");
   if (pool) {
     auto host = coordinator_host(facts, options);
     if (!host.ok()) return host.error();
@@ -70,7 +72,7 @@ Result<EnvPlan> plan_task_environment(const TaskFacts& facts, const PoolOptions&
   } else {
     // A coordinator inherited from the caller's environment would mislead
     // the process into waiting for peers that do not exist.
-    plan.unset = {"DEW_COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS", "DEW_POOL_SECRET"};
+    plan.unset = {"DEW_COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS", "DEW_POOL_SECRET", "DEW_MULTI_HOST"};
   }
 
   GpuBindingInput gpus;
@@ -78,8 +80,17 @@ Result<EnvPlan> plan_task_environment(const TaskFacts& facts, const PoolOptions&
   gpus.bound_by_slurm = slurm_bound_gpus(facts.tres_bind, facts.gpus_per_task);
   gpus.local_process = facts.local_task;
   gpus.local_process_count = facts.local_task_count;
-  gpus.devices_per_process = options.devices_per_process ? options.devices_per_process
-                                                         : config.devices_per_process;
+  gpus.devices_per_process = options.devices_per_process ? *options.devices_per_process : config.devices_per_process;
+  // The admin's default applies to steps with GPUs; one that asked for none
+  // is left alone (the user's own value still fails it, as it should).
+  const bool no_gpus = !gpus.bound_by_slurm && (!facts.visible_devices || facts.visible_devices->empty());
+  if (!options.devices_per_process && config.devices_per_process && no_gpus) {
+    plan.notes.push_back("rank " + std::to_string(facts.global_task) +
+                         ": the step has no GPUs on this node, so plugstack's devices_per_process=" +
+                         std::to_string(*config.devices_per_process) +
+                         " does not apply; CUDA_VISIBLE_DEVICES left as it is");
+    gpus.devices_per_process.reset();
+  }
   auto binding = bind_gpus(gpus);
   if (!binding.ok()) return binding.error();
   if (binding.value().visible_devices) set("CUDA_VISIBLE_DEVICES", *binding.value().visible_devices);
@@ -90,14 +101,25 @@ Result<EnvPlan> plan_task_environment(const TaskFacts& facts, const PoolOptions&
   return plan;
 }
 
-std::optional<BadExitReport> report_bad_exit(int wait_status, std::uint32_t rank, std::uint32_t job_id,
-                                             std::uint32_t step_id) {
-  if (!is_bad_exit(wait_status)) return std::nullopt;
-  BadExitReport report;
-  report.line = "rank " + std::to_string(rank) + " ended with " + describe_wait_status(wait_status) +
-                "; ending step " + std::to_string(job_id) + "." + std::to_string(step_id) + " (kill-on-bad-exit)";
-  report.tell_srun = !(WIFSIGNALED(wait_status) && WTERMSIG(wait_status) == SIGKILL);
-  return report;
+TaskEndReport classify_task_end(int wait_status, std::uint32_t rank, std::uint32_t job_id, std::uint32_t step_id,
+                                bool step_ending) {
+  const std::string who = "rank " + std::to_string(rank);
+  const std::string step = "step " + std::to_string(job_id) + "." + std::to_string(step_id);
+  if (!is_bad_exit(wait_status)) return {TaskEnd::kClean, ""};
+  if (is_peer_failure(wait_status)) {
+    return {TaskEnd::kPeerFailed, who + " ended because another rank of its pool failed (exit code " +
+                                      std::to_string(kPeerFailedExitCode) + "); the failing rank's own exit ends " +
+                                      step + ", or this node does in " +
+                                      seconds_text(std::chrono::duration<double>(kPeerGrace).count())};
+  }
+  const bool signaled = WIFSIGNALED(wait_status);
+  const int signal_number = signaled ? WTERMSIG(wait_status) : 0;
+  if (signaled && (signal_number == kStepEndSignal || (signal_number == SIGKILL && step_ending))) {
+    return {TaskEnd::kStepEnding, who + " ended with " + describe_wait_status(wait_status) + ": " + step + " is ending"};
+  }
+  const std::string outside = signal_number == SIGKILL ? ", killed from outside the step (the OOM killer, kill -9)" : "";
+  return {TaskEnd::kFailed,
+          who + " ended with " + describe_wait_status(wait_status) + outside + "; ending " + step + " (kill-on-bad-exit)"};
 }
 
 }  // namespace dew::spank

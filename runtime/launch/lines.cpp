@@ -1,7 +1,12 @@
 // The launcher's output: processes' bytes into whole lines with their rank,
 // srun's labels turned into the same form, and which failure to name.
+#include <algorithm>
+#include <csignal>
+#include <cstring>
+
 #include "dew/exit_status.h"
 #include "dew/launch_plan.h"
+#include "dew/text.h"
 
 namespace dew::launch {
 
@@ -67,6 +72,99 @@ std::size_t pick_failure(const std::vector<std::pair<int, int>>& failures) {
     if (key(i) < key(best)) best = i;
   }
   return best;
+}
+
+std::optional<PeerBlame> peer_blame(std::string_view line) {
+  // The plugin's line ("slurmstepd-n1: error: dew: rank 1 ended with exit
+  // code 3; ending step ..."): its rank failed on its own.
+  constexpr std::string_view kPlugin = "error: dew: rank ";
+  if (const auto plugin = line.find(kPlugin); plugin != std::string_view::npos && line.substr(0, 11) == "slurmstepd-") {
+    const auto from = plugin + kPlugin.size();
+    const auto digits = line.find_first_not_of("0123456789", from);
+    const auto rank = digits == std::string_view::npos ? std::nullopt : parse_whole<int>(line.substr(from, digits - from));
+    if (rank && line.substr(digits, 12) == " ended with ") return PeerBlame{*rank, std::string(line.substr(digits + 1))};
+    return std::nullopt;
+  }
+  constexpr std::string_view kStart = "ending: process ";
+  std::size_t at = line.find(kStart);
+  if (at == std::string_view::npos) return std::nullopt;
+  // Only at the start of the line or right after a "[rank] " prefix.
+  if (at != 0 && !(at >= 2 && line.substr(at - 2, 2) == "] " && line[0] == '[')) return std::nullopt;
+  at += kStart.size();
+  const std::size_t digits = line.find_first_not_of("0123456789", at);
+  if (digits == at || digits == std::string_view::npos || line.substr(digits, 9) != " failed: ") return std::nullopt;
+  const auto rank = parse_whole<int>(line.substr(at, digits - at));
+  if (!rank) return std::nullopt;
+  return PeerBlame{*rank, std::string(line.substr(digits + 9))};
+}
+
+namespace {
+
+// "0,2-3" -> {0, 2, 3}; nullopt for anything else (or more than 100000 tasks).
+std::optional<std::vector<int>> task_list(std::string_view text) {
+  std::vector<int> tasks;
+  for (const auto& part : split(text, ',')) {
+    const auto dash = part.find('-');
+    const auto first = parse_whole<int>(part.substr(0, dash));
+    const auto last = dash == std::string::npos ? first : parse_whole<int>(part.substr(dash + 1));
+    if (!first || !last || *last < *first || *last - *first > 100000 || tasks.size() > 100000) return std::nullopt;
+    for (int task = *first; task <= *last; ++task) tasks.push_back(task);
+  }
+  return tasks;
+}
+
+// srun's words for a task's end: "Exited with exit code N", or the signal's
+// strsignal() text ("Killed", "Terminated", "Segmentation fault (core dumped)").
+std::optional<int> srun_end_code(std::string_view text) {
+  constexpr std::string_view kExited = "Exited with exit code ";
+  if (text.substr(0, kExited.size()) == kExited) return parse_whole<int>(text.substr(kExited.size()));
+  if (text.size() > 14 && text.substr(text.size() - 14) == " (core dumped)") text.remove_suffix(14);
+  for (int signal = 1; signal < NSIG; ++signal) {
+    const char* name = strsignal(signal);
+    if (name != nullptr && text == name) return 128 + signal;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<SrunTaskEnd> srun_task_end(std::string_view line) {
+  constexpr std::string_view kStart = "srun: error: ";
+  if (line.substr(0, kStart.size()) != kStart) return std::nullopt;
+  line.remove_prefix(kStart.size());
+  const std::size_t host_end = line.find(": task");
+  if (host_end == std::string_view::npos) return std::nullopt;
+  line.remove_prefix(host_end + 2);
+  const std::size_t word_end = line.find(' ');
+  if (word_end == std::string_view::npos || (line.substr(0, word_end) != "task" && line.substr(0, word_end) != "tasks")) {
+    return std::nullopt;
+  }
+  line.remove_prefix(word_end + 1);
+  const std::size_t colon = line.find(": ");
+  if (colon == std::string_view::npos) return std::nullopt;
+  auto tasks = task_list(line.substr(0, colon));
+  auto code = srun_end_code(line.substr(colon + 2));
+  if (!tasks || !code) return std::nullopt;
+  return SrunTaskEnd{std::move(*tasks), *code};
+}
+
+int slurm_exit_code(int srun_code, const std::vector<SrunTaskEnd>& ends, const std::optional<PeerBlame>& blame) {
+  if (srun_code == 0) return 0;
+  if (blame) {
+    for (const auto& end : ends) {
+      if (std::find(end.tasks.begin(), end.tasks.end(), blame->rank) != end.tasks.end() && end.code != 0) {
+        return end.code;
+      }
+    }
+  }
+  // A task's own code before the signals that end a step (SIGTERM, SIGKILL).
+  for (bool own : {true, false}) {
+    for (const auto& end : ends) {
+      const bool step_end = end.code == 128 + SIGTERM || end.code == 128 + SIGKILL;
+      if (end.code != 0 && end.code != kPeerFailedExitCode && (!own || !step_end)) return end.code;
+    }
+  }
+  return srun_code == kPeerFailedExitCode ? 1 : srun_code;
 }
 
 }  // namespace dew::launch

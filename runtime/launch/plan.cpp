@@ -40,6 +40,39 @@ Result<GpuBinding> bind_host_gpus(const LaunchOptions& options, const LaunchFact
   return binding;
 }
 
+// --private-dirs: the process starts in its own work directory with its own
+// HOME, caches and TMPDIR.
+void add_private_dirs(ProcessSpec& p, const std::string& base) {
+  p.make_dirs = {base + "/work", base + "/home", base + "/cache", base + "/cache/huggingface", base + "/cache/jax",
+                 base + "/tmp"};
+  p.cwd = base + "/work";
+  p.env.insert(p.env.end(), {{"HOME", base + "/home"},
+                             {"DEW_CACHE_DIR", base + "/cache"},
+                             {"XDG_CACHE_HOME", base + "/cache"},
+                             {"HF_HOME", base + "/cache/huggingface"},
+                             {"JAX_COMPILATION_CACHE_DIR", base + "/cache/jax"},
+                             {"TMPDIR", base + "/tmp"}});
+}
+
+// The user's --env values, with the watchdog's flag added to XLA_FLAGS (the
+// user's own XLA_FLAGS kept, and its own watchdog value too).
+void add_user_env(ProcessSpec& p, const std::vector<EnvVar>& env, const Watchdog& watchdog,
+                  const std::optional<std::string>& inherited_xla_flags) {
+  std::optional<std::string> xla_flags = inherited_xla_flags;
+  for (const auto& [name, value] : env) {
+    if (name == "XLA_FLAGS") {
+      xla_flags = value;
+    } else {
+      p.env.emplace_back(name, value);
+    }
+  }
+  if (auto merged = merge_xla_flags(xla_flags, watchdog)) {
+    p.env.emplace_back("XLA_FLAGS", *merged);
+  } else if (xla_flags && xla_flags != inherited_xla_flags) {
+    p.env.emplace_back("XLA_FLAGS", *xla_flags);
+  }
+}
+
 }  // namespace
 
 bool is_shell_name(std::string_view name) {
@@ -71,7 +104,8 @@ Result<std::vector<EnvVar>> parse_env_options(const std::vector<std::string>& en
       reserved = true;
       why = "--devices-per-process sets it";
     }
-    if (private_dirs && (name == "HOME" || name == "DEW_CACHE_DIR")) {
+    if (private_dirs && std::find(std::begin(kPrivateDirVariables), std::end(kPrivateDirVariables), name) !=
+                            std::end(kPrivateDirVariables)) {
       reserved = true;
       why = "--private-dirs sets it";
     }
@@ -198,14 +232,8 @@ Result<LaunchPlan> plan_launch(const LaunchOptions& options, const std::vector<E
         if (binding.value().local_device_ids) p.env.emplace_back("JAX_LOCAL_DEVICE_IDS", *binding.value().local_device_ids);
       }
       p.cwd = cwd;
-      if (options.private_dirs) {
-        const std::string base = facts.private_root + "/" + std::to_string(p.rank);
-        p.make_dirs = {base + "/work", base + "/home", base + "/cache"};
-        p.cwd = base + "/work";
-        p.env.emplace_back("HOME", base + "/home");
-        p.env.emplace_back("DEW_CACHE_DIR", base + "/cache");
-      }
-      p.env.insert(p.env.end(), env.begin(), env.end());
+      if (options.private_dirs) add_private_dirs(p, facts.private_root + "/" + std::to_string(p.rank));
+      add_user_env(p, env, options.watchdog.value_or(kDefaultWatchdog), facts.xla_flags);
       if (p.local) {
         p.argv = options.command;
       } else {
@@ -226,44 +254,6 @@ std::string dry_run_line(const ProcessSpec& process) {
   for (const auto& [name, value] : process.env) words.push_back(name + "=" + value);
   words.insert(words.end(), process.argv.begin(), process.argv.end());
   return line + display_words(words);
-}
-
-bool srun_has_dew_pool(std::string_view srun_help) {
-  std::size_t at = 0;
-  while ((at = srun_help.find("--dew-pool", at)) != std::string_view::npos) {
-    const std::size_t end = at + std::strlen("--dew-pool");
-    const bool word_end = end == srun_help.size() || !(std::isalnum(static_cast<unsigned char>(srun_help[end])) ||
-                                                       srun_help[end] == '-' || srun_help[end] == '_');
-    if (word_end) return true;
-    at = end;
-  }
-  return false;
-}
-
-Result<std::vector<std::string>> srun_command(const LaunchOptions& options, bool plugin) {
-  constexpr const char* kNoPlugin = " needs Dew's SPANK plugin (srun --dew-pool), which this srun does not load";
-  if (!plugin) {
-    if (options.devices_per_process) {
-      return unsupported(std::string("--devices-per-process with --slurm") + kNoPlugin +
-                   "; without it JAX gives each task the one GPU at SLURM_LOCALID, so run one task per GPU "
-                   "(--processes-per-host = GPUs per node) instead");
-    }
-    if (options.port) return unsupported(std::string("--port with --slurm") + kNoPlugin);
-    if (!options.coordinator.empty()) return unsupported(std::string("--coordinator with --slurm") + kNoPlugin);
-  }
-  std::vector<std::string> argv{"srun", "--ntasks-per-node=" + std::to_string(options.processes_per_host),
-                                "--kill-on-bad-exit=1", "--export=ALL", "--label"};
-  if (plugin) {
-    argv.emplace_back("--dew-pool");
-    if (options.devices_per_process) {
-      argv.push_back("--dew-devices-per-process=" + std::to_string(*options.devices_per_process));
-    }
-    if (options.port) argv.push_back("--dew-port=" + std::to_string(*options.port));
-    if (!options.coordinator.empty()) argv.push_back("--dew-coordinator=" + options.coordinator);
-  }
-  if (!options.cwd.empty()) argv.push_back("--chdir=" + options.cwd);
-  argv.insert(argv.end(), options.command.begin(), options.command.end());
-  return argv;
 }
 
 std::string private_root_for(std::string_view id) {

@@ -32,9 +32,17 @@ std::string remote_script(const std::vector<EnvVar>& env, const std::string& cwd
   return script;
 }
 
-std::string host_query_script(bool port, bool devices) {
+std::string host_query_script(bool port, bool devices, int wanted_port) {
   std::string script;
-  if (port) {
+  if (port && wanted_port > 0) {
+    // A given port: is any socket on the host using it (any state)?
+    script += "awk -v want=" + std::to_string(wanted_port) +
+              " 'function hex(s, i, n) { n = 0; for (i = 1; i <= length(s); i++) "
+              "n = n * 16 + index(\"0123456789ABCDEF\", toupper(substr(s, i, 1))) - 1; return n } "
+              "BEGIN { for (f = 0; f < 2; f++) { file = f ? \"/proc/net/tcp6\" : \"/proc/net/tcp\"; "
+              "while ((getline line < file) > 0) { split(line, x); n = split(x[2], y, \":\"); if (n > 1 && "
+              "hex(y[n]) == want) busy = 1 } } print (busy ? \"port-busy=\" : \"port=\") want; exit 0 }' || exit 1; ";
+  } else if (port) {
     script += "awk -v seed=\"$(od -An -N4 -tu4 /dev/urandom)\" '"
               "function hex(s, i, n) { n = 0; for (i = 1; i <= length(s); i++) "
               "n = n * 16 + index(\"0123456789ABCDEF\", toupper(substr(s, i, 1))) - 1; return n } "
@@ -68,6 +76,10 @@ Result<HostAnswer> parse_host_reply(std::string_view reply, const std::string& h
   for (auto line : split(reply, '\n')) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty()) continue;
+    if (line.rfind("port-busy=", 0) == 0) {
+      return unavailable("--port " + line.substr(10) + ": the port is in use on " + host +
+                         "; allowed: a port no socket uses there (or leave --port out for a free one)");
+    }
     if (line.rfind("port=", 0) == 0) {
       const auto number = parse_whole<int>(line.substr(5));
       if (!number || *number < 1 || *number > 65535) return bad(shown(line) + ", not a port from 1 to 65535");

@@ -308,7 +308,16 @@ Result<Identity> resolve_identity(const Environment& env, const JoinOptions& opt
     // Before Slurm: mpirun inside an allocation inherits SLURM_*.
     found = from_launcher(env, kOpenMpiVariables);
   } else if (lookup(env, "SLURM_STEP_NODELIST") && (lookup(env, "SLURM_PROCID") || lookup(env, "SLURM_NTASKS"))) {
-    found = from_slurm(env, options);
+    // srun --dew-pool --dew-multi-host sets DEW_MULTI_HOST=1 in every task.
+    JoinOptions slurm_options = options;
+    if (auto multi = lookup(env, "DEW_MULTI_HOST")) {
+      if (*multi != "0" && *multi != "1") {
+        return invalid_argument("DEW_MULTI_HOST=" + quoted(*multi) +
+                                " is not allowed; allowed: 1 (a one-task step forms a pool of one) or 0");
+      }
+      slurm_options.multi_host = options.multi_host || *multi == "1";
+    }
+    found = from_slurm(env, slurm_options);
   } else if (lookup(env, "DEW_PROCESS_ID") || lookup(env, "DEW_PROCESS_COUNT")) {
     found = from_dew(env);
   } else {

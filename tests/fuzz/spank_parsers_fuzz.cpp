@@ -511,7 +511,7 @@ void fuzz_pool_options(Bytes& bytes) {
   PoolOptions options;
   options.pool = flags & 0x01;
   options.multi_host = flags & 0x02;
-  if (flags & 0x04) options.devices_per_process = bytes.u32();
+  if (flags & 0x04) options.devices_per_process = DevicesPerProcess(bytes.u32());
   if (flags & 0x08) options.port = bytes.u16();
   if (flags & 0x10) options.coordinator = field(0);
   if (flags & 0x20) options.watchdog = watchdog_from(bytes.u32());
@@ -594,7 +594,15 @@ void fuzz_task_env(Bytes& bytes) {
   options.multi_host = flags & 0x01;
   if (auto text = field(7)) options.coordinator = fuzz_coordinator(*text, raw);
   if (auto text = field(8)) options.port = fuzz_port(*text, raw);
-  if (auto text = field(9)) options.devices_per_process = fuzz_devices_per_process(*text, raw);
+  if (auto text = field(9)) {
+    // The srun option also takes "off" (the admin's default switched off).
+    if (*text == "off") {
+      options.devices_per_process = DevicesPerProcess();
+    } else if (auto count = fuzz_devices_per_process(*text, raw)) {
+      options.devices_per_process = DevicesPerProcess(*count);
+      FUZZ_CHECK(parse_devices_per_process_option(*text, "--dew-devices-per-process").value() == DevicesPerProcess(*count));
+    }
+  }
   if (auto text = field(10)) {
     if (auto watchdog = fuzz_watchdog(*text, raw)) options.watchdog = *watchdog;
   }
@@ -700,15 +708,16 @@ void fuzz_misc(Bytes& bytes) {
   const std::uint32_t rank = bytes.u32();
   const std::uint32_t job = bytes.u32();
   const std::uint32_t step = bytes.u32();
-  const auto report = report_bad_exit(status, rank, job, step);
-  FUZZ_CHECK(report.has_value() == is_bad_exit(status));
-  if (report) {
-    FUZZ_CHECK(report->line.find('\n') == std::string::npos);
-    FUZZ_CHECK(report->line.find("rank " + std::to_string(rank) + " ") == 0);
-    FUZZ_CHECK(report->line.find(description) != std::string::npos);
-    FUZZ_CHECK(report->line.find(std::to_string(job) + "." + std::to_string(step)) != std::string::npos);
-    FUZZ_CHECK(report->tell_srun == !(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL));
+  const bool step_ending = (bytes.u32() & 1) != 0;
+  const auto end = classify_task_end(status, rank, job, step, step_ending);
+  FUZZ_CHECK((end.kind == TaskEnd::kClean) == !is_bad_exit(status));
+  FUZZ_CHECK((end.kind == TaskEnd::kPeerFailed) == is_peer_failure(status));
+  if (end.kind != TaskEnd::kClean) {
+    FUZZ_CHECK(end.line.find('\n') == std::string::npos);
+    FUZZ_CHECK(end.line.find("rank " + std::to_string(rank) + " ") == 0);
+    FUZZ_CHECK(end.line.find(std::to_string(job) + "." + std::to_string(step)) != std::string::npos);
   }
+  if (end.kind == TaskEnd::kFailed) FUZZ_CHECK(end.line.find(description) != std::string::npos);
 
   const std::int64_t seconds = 1 + static_cast<std::int64_t>(bytes.u32() % kLongestWatchdogSeconds);
   const std::string formatted = format_duration(std::chrono::seconds(seconds));

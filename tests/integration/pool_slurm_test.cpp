@@ -4,6 +4,14 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "process.h"
 #include "slurm_cluster.h"
 #include "test_paths.h"
 
@@ -54,6 +62,55 @@ TEST(SlurmPool, ARankThatThrowsEndsTheStepWithItsErrorPrintedOnce) {
     EXPECT_EQ(occurrences(run.out + run.err, "[2] error: uncaught exception: boom from rank 2"), 1) << run.err;
     EXPECT_THAT(run.err, HasSubstr("ending: process 2 failed: uncaught exception: boom from rank 2")) << run.err;
   }
+}
+
+// The plugin's lines in srun's stderr ("dew: rank N ended with ...").
+std::vector<std::string> plugin_lines(const std::string& err) {
+  std::vector<std::string> lines;
+  for (const auto& line : lines_starting_with(err, "slurmstepd-")) {
+    if (line.find("dew: rank ") != std::string::npos) lines.push_back(line.substr(line.find("dew: rank ")));
+  }
+  return lines;
+}
+
+// With libdew, the failing rank publishes its error and the peers end with
+// 75 at once, often before the failing rank's own exit reaches its
+// slurmstepd: the plugin still names the failing rank, once for the step.
+TEST(SlurmPool, ThePluginNamesTheFailingRankNeverAPeerThatEndedWith75) {
+  for (int run = 0; run < 8; ++run) {
+    SCOPED_TRACE("run " + std::to_string(run));
+    const auto r = cluster().srun({"--dew-pool", "--dew-coordinator=127.0.0.1", "-N2", "--ntasks-per-node=2", worker(),
+                                   "fail", "1", "3"},
+                                  {}, 60s);
+    EXPECT_LT(r.seconds, 5.0) << r.err;
+    const auto lines = plugin_lines(r.err);
+    ASSERT_EQ(lines.size(), 1u) << r.err;
+    EXPECT_THAT(lines[0], ::testing::StartsWith("dew: rank 1 ended with exit code 3; ending step")) << r.err;
+  }
+}
+
+// A rank killed from outside the step (SIGKILL, as the OOM killer sends)
+// is named too; its peers, which end with 75, are not.
+TEST(SlurmPool, ARankKilledFromOutsideIsNamed) {
+  const auto dir = std::filesystem::temp_directory_path() / ("dew-oom-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  Spawned srun({"srun", "--dew-pool", "--dew-coordinator=127.0.0.1", "-N2", "--ntasks-per-node=2", "bash", "-c",
+                "echo $$ > " + dir.string() + "/pid.$SLURM_PROCID; exec " + worker() + " steps"},
+               cluster().client_env());
+  const auto pid_file = dir / "pid.2";
+  for (int i = 0; i < 200 && !std::filesystem::exists(pid_file); ++i) std::this_thread::sleep_for(100ms);
+  ASSERT_TRUE(srun.wait_for_output("READY", 30s)) << srun.err();
+  std::ifstream in(pid_file);
+  pid_t pid = 0;
+  in >> pid;
+  ASSERT_GT(pid, 0);
+  ::kill(pid, SIGKILL);
+  EXPECT_NE(srun.wait(20s), -1) << srun.err();
+  EXPECT_LT(srun.seconds(), 30.0);
+  const auto lines = plugin_lines(srun.err());
+  ASSERT_EQ(lines.size(), 1u) << srun.err();
+  EXPECT_THAT(lines[0], ::testing::StartsWith("dew: rank 2 ended with signal 9 (SIGKILL)")) << srun.err();
+  std::filesystem::remove_all(dir);
 }
 
 // Sequence-parallel attention (tests/unit/attention/pool_worker) over pools

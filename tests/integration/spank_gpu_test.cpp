@@ -48,6 +48,28 @@ TEST(SrunDewPoolGpus, PlugstackDevicesPerProcessIsTheDefault) {
   for (auto& [rank, env] : tasks) EXPECT_EQ(env["CUDA_VISIBLE_DEVICES"], env["SLURM_LOCALID"]) << rank;
 }
 
+// The admin's default binds the GPUs of steps that have some; a step that
+// asked for none runs; a user can switch the default off for one step.
+TEST(SrunDewPoolGpus, PlugstackDevicesPerProcessLeavesStepsWithoutGpusAndCanBeSwitchedOff) {
+  cluster().set_plugstack_args("devices_per_process=2");
+  auto cpu_only = cluster().srun({"--dew-pool", "-N2", "-n4", "-l", "env"}, {}, 30s);
+  auto off = cluster().srun({"--dew-pool", "--dew-devices-per-process=off", "-N1", "-n4", "--gpus-per-node=4", "-l",
+                             "env"},
+                            {}, 30s);
+  cluster().set_plugstack_args("");
+  ASSERT_EQ(cpu_only.exit_code, 0) << describe(cpu_only);
+  auto tasks = task_environments(cpu_only.out);
+  ASSERT_EQ(tasks.size(), 4u);
+  for (auto& [rank, env] : tasks) {
+    EXPECT_EQ(env.count("CUDA_VISIBLE_DEVICES"), 0u) << rank;
+    EXPECT_EQ(env["DEW_PROCESS_COUNT"], "4");
+  }
+  ASSERT_EQ(off.exit_code, 0) << describe(off);
+  tasks = task_environments(off.out);
+  ASSERT_EQ(tasks.size(), 4u);
+  for (auto& [rank, env] : tasks) EXPECT_EQ(env["CUDA_VISIBLE_DEVICES"], "0,1,2,3") << rank;
+}
+
 TEST(SrunDewPoolGpus, SlurmsPerTaskBindingIsKept) {
   auto tasks = srun_task_environments({"--dew-pool", "--dew-devices-per-process=2", "-N2", "-n4", "--ntasks-per-node=2",
                            "--gpus-per-task=1"});

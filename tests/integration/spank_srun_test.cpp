@@ -13,6 +13,7 @@
 #include "pool_plan.h"
 #include "slurm_cluster.h"
 #include "srun_output.h"
+#include "test_paths.h"
 
 namespace dew::testing {
 namespace {
@@ -226,6 +227,12 @@ TEST(SrunDewPool, SingleTaskFormsNoPoolUnlessMultiHost) {
   EXPECT_EQ(env["DEW_PROCESS_COUNT"], "1");
   EXPECT_THAT(env["DEW_COORDINATOR_ADDRESS"], HasSubstr("n1:"));
   EXPECT_EQ(env["DEW_POOL_SECRET"].size(), 64u);
+  // libdew and dew env see a pool of one, not a process alone.
+  r = cluster().srun({"--dew-pool", "--dew-multi-host", "--dew-coordinator=127.0.0.1", "-N1", "-n1", dew_exe(), "env"},
+                     {}, 30s);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_THAT(r.out, HasSubstr("source:       slurm")) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("process:      0 of 1")) << r.out;
 }
 
 TEST(SrunDewPool, XlaFlagsAlreadyHoldingTheWatchdogAreKept) {

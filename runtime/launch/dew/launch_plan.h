@@ -17,6 +17,7 @@
 
 #include "dew/coordinator_port.h"
 #include "dew/result.h"
+#include "dew/watchdog.h"
 
 namespace dew::launch {
 
@@ -37,6 +38,10 @@ struct LaunchOptions {
   std::vector<std::string> env;  // NAME=VALUE, as given
   std::string cwd;               // empty: the launcher's directory
   bool private_dirs = false;
+  // --watchdog: the XLA execution watchdog appended to XLA_FLAGS, as srun
+  // --dew-pool does (an inner nullopt: off). Not given: kDefaultWatchdog, or
+  // under --slurm with the plugin the plugin's (its admin's) default.
+  std::optional<Watchdog> watchdog;
   bool slurm = false;
   std::string ssh_config;                // ssh -F FILE
   std::vector<std::string> ssh_options;  // ssh -o OPTION each
@@ -47,6 +52,15 @@ using EnvVar = std::pair<std::string, std::string>;
 
 // True for a shell variable name: [A-Za-z_][A-Za-z0-9_]*.
 bool is_shell_name(std::string_view name);
+
+// What --private-dirs gives each process of its own: HOME, the caches
+// (DEW_CACHE_DIR, XDG_CACHE_HOME, HF_HOME, JAX_COMPILATION_CACHE_DIR) and
+// TMPDIR, all under <private_root>/<rank>/.
+inline constexpr std::string_view kPrivateDirVariables[] = {
+    "HOME", "DEW_CACHE_DIR", "XDG_CACHE_HOME", "HF_HOME", "JAX_COMPILATION_CACHE_DIR", "TMPDIR"};
+
+// What --dry-run shows for the pool's secret: a live secret is never printed.
+inline constexpr std::string_view kSecretPlaceholder = "<64 hex digits, drawn at launch>";
 
 // Every `--env NAME=VALUE`, split at the first '='. An entry without '=', a
 // name that is not a shell variable name, a name given twice or one the
@@ -138,7 +152,10 @@ struct LaunchFacts {
   std::string secret;          // DEW_POOL_SECRET: 64 hex digits
   std::string launcher_cwd;    // the launcher's current directory
   std::string local_hostname;  // this machine's name
-  std::string private_root;    // --private-dirs: each process gets private_root/<rank>/{work,home,cache}
+  std::string private_root;    // --private-dirs: each process gets private_root/<rank>/{work,home,cache,tmp}
+  // XLA_FLAGS as each process would inherit it (the launcher's own), for
+  // the watchdog's flag; an --env XLA_FLAGS=... stands instead.
+  std::optional<std::string> xla_flags;
   // --devices-per-process: each host's GPUs, by host name as given.
   std::map<std::string, HostDevices> devices;
 };
@@ -161,12 +178,25 @@ std::string dry_run_line(const ProcessSpec& process);
 // --slurm: true when `srun --help` lists our SPANK plugin's --dew-pool.
 bool srun_has_dew_pool(std::string_view srun_help);
 
-// --slurm: the srun command: srun --ntasks-per-node=N --kill-on-bad-exit=1
-// --export=ALL --label, with the plugin --dew-pool (and
-// --dew-devices-per-process, --dew-port, --dew-coordinator when given),
-// --chdir with --cwd, then the command. An option that needs the plugin
-// without it is an error giving the reason.
+// --slurm: the srun command: srun --ntasks-per-node=N --export=ALL --label,
+// with the plugin --dew-pool (and --dew-devices-per-process, --dew-port,
+// --dew-coordinator, --dew-watchdog when given; the plugin ends the step when
+// a task fails), without it --kill-on-bad-exit=1; --chdir with --cwd, then
+// the command. --devices-per-process without the plugin is an error giving
+// the reason.
 Result<std::vector<std::string>> srun_command(const LaunchOptions& options, bool plugin);
+
+// --slurm: what the launcher adds to srun's environment (never to its
+// command line): DEW_LINES_PREFIXED=1 (srun's labels are the prefix), and
+// without the plugin what it would have given every task: DEW_POOL_SECRET,
+// XLA_FLAGS with the watchdog, and with --coordinator or --port the
+// coordinator (the host defaults to `first_node`, the allocation's first
+// node; the port to `drawn_port`). Without either, libdew finds the
+// coordinator by the plugin's own rule (the step's first node, the port
+// from its job and step ids).
+std::vector<EnvVar> slurm_environment(const LaunchOptions& options, bool plugin, const std::string& secret,
+                                      const std::optional<std::string>& first_node, std::uint16_t drawn_port,
+                                      const std::optional<std::string>& xla_flags);
 
 // Where the coordinator's port is drawn from when --port is not given: the
 // SPANK plugin's default range (dew/coordinator_port.h), outside Linux's
@@ -177,11 +207,12 @@ inline constexpr PortRange kPortRange{};
 
 // POSIX sh (with awk, od and Linux's /proc) run over ssh on a remote host
 // before the launch: with `port`, prints "port=P", a random TCP port from
-// kPortRange that no TCP socket (v4 or v6, any state) uses; with `devices`,
-// prints "visible=<CUDA_VISIBLE_DEVICES>" (or "visible-unset") and
-// "gpus=<entries of /proc/driver/nvidia/gpus>". The remote side needs
-// nothing but its shell.
-std::string host_query_script(bool port, bool devices);
+// kPortRange that no TCP socket (v4 or v6, any state) uses, or with
+// `wanted_port` (--port) "port=P" if no socket uses that one and
+// "port-busy=P" if one does; with `devices`, prints
+// "visible=<CUDA_VISIBLE_DEVICES>" (or "visible-unset") and "gpus=<entries
+// of /proc/driver/nvidia/gpus>". The remote side needs nothing but its shell.
+std::string host_query_script(bool port, bool devices, int wanted_port = 0);
 
 // What the query printed.
 struct HostAnswer {
@@ -223,5 +254,29 @@ std::string relabel_srun_line(std::string_view line);
 // names and returns: one that is not a peer-failed exit before one that is,
 // then the lowest rank. Expects at least one.
 std::size_t pick_failure(const std::vector<std::pair<int, int>>& failures);
+
+// A libdew process's line saying which process of its pool failed
+// ("ending: process 1 failed: <why>", "[2] " before it or not): how the
+// launcher learns the cause when the failing process itself has not ended
+// (frozen, found by its peers' heartbeats).
+struct PeerBlame {
+  int rank = 0;
+  std::string why;
+};
+std::optional<PeerBlame> peer_blame(std::string_view line);
+
+// srun's own line about tasks that ended ("srun: error: n1: tasks 0,2-3:
+// Exited with exit code 75", "...: task 1: Killed"): the tasks, and the code
+// a shell would give (the exit code, or 128 + signal).
+struct SrunTaskEnd {
+  std::vector<int> tasks;
+  int code = 0;
+};
+std::optional<SrunTaskEnd> srun_task_end(std::string_view line);
+
+// What `dew launch --slurm` exits with, from srun's exit code and what its
+// lines said: the failing rank's code (the rank a peer blamed, else the
+// first task that ended with neither 0 nor 75), never kPeerFailedExitCode.
+int slurm_exit_code(int srun_code, const std::vector<SrunTaskEnd>& ends, const std::optional<PeerBlame>& blame);
 
 }  // namespace dew::launch

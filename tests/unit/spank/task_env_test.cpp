@@ -68,7 +68,7 @@ TEST(PlanTaskEnvironment, OptionsOverridePlugstackDefaults) {
   options.port = 31337;
   options.coordinator = "head.example";
   options.watchdog = Watchdog{};  // --dew-watchdog=off
-  options.devices_per_process = 1;
+  options.devices_per_process = DevicesPerProcess(1u);
   auto facts = four_tasks_on_two_nodes(1);
   facts.visible_devices = "0,1";
   auto env = env_of(plan_task_environment(facts, options, config));
@@ -88,9 +88,44 @@ TEST(PlanTaskEnvironment, PlugstackDevicesPerProcessApplies) {
   EXPECT_EQ(env["JAX_LOCAL_DEVICE_IDS"], "0,1");
 }
 
+// An admin's default must not fail every step that asks for no GPUs.
+TEST(PlanTaskEnvironment, AnAdminDefaultLeavesAStepWithoutGpusAlone) {
+  PlugstackConfig config;
+  config.devices_per_process = 2;
+  auto facts = four_tasks_on_two_nodes(1);  // no CUDA_VISIBLE_DEVICES: the step asked for no GPUs
+  auto plan = plan_task_environment(facts, pool(), config);
+  ASSERT_TRUE(plan.ok()) << plan.error().message;
+  auto env = env_of(plan);
+  EXPECT_EQ(env.count("CUDA_VISIBLE_DEVICES"), 0u);
+  EXPECT_EQ(env.count("JAX_LOCAL_DEVICE_IDS"), 0u);
+  ASSERT_EQ(plan.value().notes.size(), 1u);
+  EXPECT_EQ(plan.value().notes[0], "rank 1: the step has no GPUs on this node, so plugstack's devices_per_process=2 "
+                                   "does not apply; CUDA_VISIBLE_DEVICES left as it is");
+  // The user's own value that does not fit stays an error.
+  auto options = pool();
+  options.devices_per_process = DevicesPerProcess(2u);
+  EXPECT_THAT(dew::testing::invalid_argument_of(plan_task_environment(facts, options, config)),
+              HasSubstr("GPUs"));
+}
+
+TEST(PlanTaskEnvironment, TheUserCanSwitchTheAdminDefaultOffForAStep) {
+  PlugstackConfig config;
+  config.devices_per_process = 2;
+  auto facts = four_tasks_on_two_nodes(1);
+  facts.visible_devices = "0";  // fewer than the default wants
+  auto options = pool();
+  options.devices_per_process = DevicesPerProcess(std::nullopt);  // --dew-devices-per-process=off
+  auto env = env_of(plan_task_environment(facts, options, config));
+  EXPECT_EQ(env.count("CUDA_VISIBLE_DEVICES"), 0u) << "left as Slurm set it";
+  EXPECT_EQ(parse_devices_per_process_option("off", "--dew-devices-per-process").value(), DevicesPerProcess());
+  EXPECT_EQ(parse_devices_per_process_option("3", "--dew-devices-per-process").value(), DevicesPerProcess(3u));
+  EXPECT_THAT(dew::testing::invalid_argument_of(parse_devices_per_process_option("none", "--dew-devices-per-process")),
+              HasSubstr("an integer from 1 to 1024, or off"));
+}
+
 TEST(PlanTaskEnvironment, TooFewGpusFailsTheTask) {
   auto options = pool();
-  options.devices_per_process = 2;
+  options.devices_per_process = DevicesPerProcess(2u);
   auto facts = four_tasks_on_two_nodes(1);
   facts.visible_devices = "0,1";
   EXPECT_THAT(dew::testing::invalid_argument_of(plan_task_environment(facts, options, PlugstackConfig{})),
@@ -108,7 +143,7 @@ TEST(PlanTaskEnvironment, SingleTaskFormsNoPool) {
   EXPECT_EQ(env.count("DEW_COORDINATOR_ADDRESS"), 0u);
   EXPECT_EQ(env.count("DEW_POOL_SECRET"), 0u);
   EXPECT_THAT(plan.value().unset,
-              UnorderedElementsAre("DEW_COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS", "DEW_POOL_SECRET"));
+              UnorderedElementsAre("DEW_COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS", "DEW_POOL_SECRET", "DEW_MULTI_HOST"));
 }
 
 TEST(PlanTaskEnvironment, SingleTaskWithMultiHostFormsAPool) {
@@ -121,6 +156,9 @@ TEST(PlanTaskEnvironment, SingleTaskWithMultiHostFormsAPool) {
   auto env = env_of(plan_task_environment(facts, options, PlugstackConfig{}));
   EXPECT_EQ(env["DEW_PROCESS_COUNT"], "1");
   EXPECT_THAT(env["DEW_COORDINATOR_ADDRESS"], HasSubstr("n1:"));
+  // libdew reads the Slurm variables first: it is told that one task is a pool.
+  EXPECT_EQ(env["DEW_MULTI_HOST"], "1");
+  EXPECT_EQ(env_of(plan_task_environment(facts, pool(), PlugstackConfig{})).count("DEW_MULTI_HOST"), 0u);
 }
 
 TEST(PlanTaskEnvironment, MissingSecretIsAnError) {
@@ -179,18 +217,38 @@ TEST(CoordinatorAddress, Ipv6IsBracketed) {
   EXPECT_EQ(env["DEW_COORDINATOR_ADDRESS"], "[::1]:2000");
 }
 
-TEST(ReportBadExit, NamesRankStatusAndStep) {
-  EXPECT_FALSE(report_bad_exit(0, 1, 42, 0));
-  auto report = report_bad_exit(3 << 8, 1, 42, 7);
-  ASSERT_TRUE(report);
-  EXPECT_EQ(report->line, "rank 1 ended with exit code 3; ending step 42.7 (kill-on-bad-exit)");
-  EXPECT_TRUE(report->tell_srun);
-  report = report_bad_exit(SIGABRT, 5, 1, 0);
-  EXPECT_EQ(report->line, "rank 5 ended with signal 6 (SIGABRT); ending step 1.0 (kill-on-bad-exit)");
-  EXPECT_TRUE(report->tell_srun);
-  report = report_bad_exit(SIGKILL, 2, 1, 0);
-  ASSERT_TRUE(report);
-  EXPECT_FALSE(report->tell_srun) << "a SIGKILL is most often the step's own kill";
+TEST(ClassifyTaskEnd, AFailureIsNamedWithRankStatusAndStep) {
+  EXPECT_EQ(classify_task_end(0, 1, 42, 0, false).kind, TaskEnd::kClean);
+  auto end = classify_task_end(3 << 8, 1, 42, 7, false);
+  EXPECT_EQ(end.kind, TaskEnd::kFailed);
+  EXPECT_EQ(end.line, "rank 1 ended with exit code 3; ending step 42.7 (kill-on-bad-exit)");
+  end = classify_task_end(SIGABRT, 5, 1, 0, false);
+  EXPECT_EQ(end.kind, TaskEnd::kFailed);
+  EXPECT_EQ(end.line, "rank 5 ended with signal 6 (SIGABRT); ending step 1.0 (kill-on-bad-exit)");
+}
+
+TEST(ClassifyTaskEnd, APeersExit75IsNeverTheCause) {
+  const auto end = classify_task_end(75 << 8, 0, 42, 0, false);
+  EXPECT_EQ(end.kind, TaskEnd::kPeerFailed);
+  EXPECT_EQ(end.line, "rank 0 ended because another rank of its pool failed (exit code 75); the failing rank's own "
+                      "exit ends step 42.0, or this node does in 1 s");
+  EXPECT_EQ(classify_task_end(75 << 8, 0, 42, 0, true).kind, TaskEnd::kPeerFailed);
+}
+
+TEST(ClassifyTaskEnd, SigkillFromOutsideIsNamedButTheStepsOwnEndIsNot) {
+  // Before the node knows of any end of the step, a SIGKILL came from
+  // outside it: the OOM killer, kill -9.
+  auto end = classify_task_end(SIGKILL, 2, 1, 0, false);
+  EXPECT_EQ(end.kind, TaskEnd::kFailed);
+  EXPECT_EQ(end.line, "rank 2 ended with signal 9 (SIGKILL), killed from outside the step (the OOM killer, kill -9); "
+                      "ending step 1.0 (kill-on-bad-exit)");
+  // The step's own end: SIGTERM, and SIGKILL once the node knows.
+  end = classify_task_end(SIGTERM, 3, 1, 0, false);
+  EXPECT_EQ(end.kind, TaskEnd::kStepEnding);
+  EXPECT_EQ(end.line, "rank 3 ended with signal 15 (SIGTERM): step 1.0 is ending");
+  EXPECT_EQ(classify_task_end(SIGKILL, 3, 1, 0, true).kind, TaskEnd::kStepEnding);
+  // Other signals stay a task's own failure even then.
+  EXPECT_EQ(classify_task_end(SIGSEGV, 3, 1, 0, true).kind, TaskEnd::kFailed);
 }
 
 }  // namespace

@@ -1,11 +1,14 @@
 // dew launch's pure core: option checks, every process's environment and
-// command, quoting (checked through a real /bin/sh), srun's command, and
-// the output line splitting.
+// command, quoting (checked through a real /bin/sh), the remote script.
+// srun and host queries: slurm_test.cpp; output lines: lines_test.cpp.
 #include "dew/launch_plan.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
 
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +20,7 @@
 #include <vector>
 
 #include "expect_error.h"
+#include "plan_helpers.h"
 #include "process.h"
 
 namespace dew::launch {
@@ -27,37 +31,12 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using ::testing::Pair;
 using ::testing::StartsWith;
+using testing::env_map;
+using testing::facts;
+using testing::options_with;
+using testing::planned;
 
 const std::string kHostile = "a b 'q' \"dq\" $(touch /tmp/dew-pwned) `id` ; rm -rf x & | \\ $HOME\nline2\t*?[]{}!#~";
-
-LaunchOptions options_with(std::vector<std::string> command) {
-  LaunchOptions o;
-  o.command = std::move(command);
-  return o;
-}
-
-LaunchFacts facts() {
-  LaunchFacts f;
-  f.port = 41234;
-  f.secret = std::string(64, 'a');
-  f.launcher_cwd = "/work/here";
-  f.local_hostname = "me";
-  f.private_root = "/tmp/dew-launch-0123456789ab";
-  return f;
-}
-
-// The plan of a launch that must succeed.
-LaunchPlan planned(const LaunchOptions& o, const std::vector<EnvVar>& env, const LaunchFacts& f) {
-  auto plan = plan_launch(o, env, f);
-  EXPECT_TRUE(plan.ok()) << plan.error().message;
-  return plan.ok() ? plan.value() : LaunchPlan{};
-}
-
-std::map<std::string, std::string> env_map(const ProcessSpec& p) {
-  std::map<std::string, std::string> out;
-  for (const auto& [name, value] : p.env) out[name] = value;
-  return out;
-}
 
 TEST(LaunchOptions, ShellNames) {
   EXPECT_TRUE(is_shell_name("A"));
@@ -264,8 +243,20 @@ TEST(LaunchPlan, CwdAndPrivateDirs) {
   EXPECT_EQ(p.cwd, "/tmp/dew-launch-0123456789ab/1/work");
   EXPECT_EQ(env_map(p)["HOME"], "/tmp/dew-launch-0123456789ab/1/home");
   EXPECT_EQ(env_map(p)["DEW_CACHE_DIR"], "/tmp/dew-launch-0123456789ab/1/cache");
+  EXPECT_EQ(env_map(p)["XDG_CACHE_HOME"], "/tmp/dew-launch-0123456789ab/1/cache");
+  EXPECT_EQ(env_map(p)["HF_HOME"], "/tmp/dew-launch-0123456789ab/1/cache/huggingface");
+  EXPECT_EQ(env_map(p)["JAX_COMPILATION_CACHE_DIR"], "/tmp/dew-launch-0123456789ab/1/cache/jax");
+  EXPECT_EQ(env_map(p)["TMPDIR"], "/tmp/dew-launch-0123456789ab/1/tmp");
   EXPECT_THAT(p.make_dirs, ElementsAre("/tmp/dew-launch-0123456789ab/1/work", "/tmp/dew-launch-0123456789ab/1/home",
-                                       "/tmp/dew-launch-0123456789ab/1/cache"));
+                                       "/tmp/dew-launch-0123456789ab/1/cache",
+                                       "/tmp/dew-launch-0123456789ab/1/cache/huggingface",
+                                       "/tmp/dew-launch-0123456789ab/1/cache/jax", "/tmp/dew-launch-0123456789ab/1/tmp"));
+  // What --private-dirs sets, --env may not.
+  for (const char* name : {"HF_HOME", "TMPDIR", "XDG_CACHE_HOME", "JAX_COMPILATION_CACHE_DIR"}) {
+    EXPECT_THAT(dew::testing::invalid_argument_of(parse_env_options({std::string(name) + "=/x"}, false, true)),
+                HasSubstr("--private-dirs sets it"));
+    EXPECT_TRUE(parse_env_options({std::string(name) + "=/x"}, false, false).ok());
+  }
   EXPECT_EQ(private_root_for("0123456789abcdef"), "/tmp/dew-launch-0123456789ab");
 }
 
@@ -352,7 +343,8 @@ TEST(DryRun, OneLinePerProcessThatPastesIntoBash) {
             "0 localhost: env -C /work/here DEW_PROCESS_ID=0 DEW_PROCESS_COUNT=2 DEW_LOCAL_PROCESS_ID=0 "
             "DEW_LOCAL_PROCESS_COUNT=1 DEW_COORDINATOR_ADDRESS=me:41234 JAX_COORDINATOR_ADDRESS=me:41234 "
             "DEW_POOL_SECRET=" +
-                std::string(64, 'a') + " DEW_LINES_PREFIXED=1 $'V=a\\nb' /bin/echo 'x y'");
+                std::string(64, 'a') +
+                " DEW_LINES_PREFIXED=1 $'V=a\\nb' XLA_FLAGS=--xla_gpu_execution_terminate_timeout=30m /bin/echo 'x y'");
   const std::string remote = dry_run_line(plan.processes[1]);
   EXPECT_THAT(remote, StartsWith("1 n1: ssh -o BatchMode=yes -- n1 $'sh -c \\'IFS= read -r DEW_POOL_SECRET"));
   EXPECT_EQ(remote.find('\n'), std::string::npos);
@@ -363,118 +355,21 @@ TEST(DryRun, OneLinePerProcessThatPastesIntoBash) {
   EXPECT_EQ(r.out, expected);
 }
 
-TEST(Slurm, DetectsThePlugin) {
-  EXPECT_TRUE(srun_has_dew_pool("      --dew-pool              Dew: give every task its rank\n"));
-  EXPECT_TRUE(srun_has_dew_pool("--dew-pool"));
-  EXPECT_FALSE(srun_has_dew_pool("      --dew-pool-x   something\n"));
-  EXPECT_FALSE(srun_has_dew_pool("Usage: srun [OPTIONS(0)... [executable(0) [args(0)...]]]\n"));
-}
-
-TEST(Slurm, SrunCommandWithAndWithoutThePlugin) {
-  auto o = options_with({"/opt/venv/bin/python", "train.py"});
-  o.processes_per_host = 8;
-  o.cwd = "/data";
-  auto plain = srun_command(o, false);
-  ASSERT_TRUE(plain.ok());
-  EXPECT_THAT(plain.value(), ElementsAre("srun", "--ntasks-per-node=8", "--kill-on-bad-exit=1", "--export=ALL",
-                                         "--label", "--chdir=/data", "/opt/venv/bin/python", "train.py"));
-  auto pool = srun_command(o, true);
-  ASSERT_TRUE(pool.ok());
-  EXPECT_THAT(pool.value(), ElementsAre("srun", "--ntasks-per-node=8", "--kill-on-bad-exit=1", "--export=ALL",
-                                        "--label", "--dew-pool", "--chdir=/data", "/opt/venv/bin/python", "train.py"));
-  o.devices_per_process = 2;
-  o.port = 29500;
-  o.coordinator = "n1-ib";
-  pool = srun_command(o, true);
-  ASSERT_TRUE(pool.ok());
-  EXPECT_THAT(pool.value(),
-              ElementsAre("srun", "--ntasks-per-node=8", "--kill-on-bad-exit=1", "--export=ALL", "--label",
-                          "--dew-pool", "--dew-devices-per-process=2", "--dew-port=29500", "--dew-coordinator=n1-ib",
-                          "--chdir=/data", "/opt/venv/bin/python", "train.py"));
-  auto refused = srun_command(o, false);
-  EXPECT_THAT(dew::testing::message_of(refused, ErrorCode::kUnsupported),
-              StartsWith("--devices-per-process with --slurm needs Dew's SPANK plugin (srun --dew-pool), which this "
-                         "srun does not load; without it JAX gives each task the one GPU at SLURM_LOCALID"));
-  o.devices_per_process.reset();
-  EXPECT_THAT(dew::testing::message_of(srun_command(o, false), ErrorCode::kUnsupported),
-              StartsWith("--port with --slurm needs Dew's SPANK plugin"));
-  o.port.reset();
-  EXPECT_THAT(dew::testing::message_of(srun_command(o, false), ErrorCode::kUnsupported),
-              StartsWith("--coordinator with --slurm needs"));
-}
-
-TEST(Output, LinesAreSplitWholeAndPrefixed) {
-  LineSplitter s;
-  EXPECT_TRUE(s.feed("par").empty());
-  EXPECT_THAT(s.feed("tial\nnext\n\nlast"), ElementsAre("partial", "next", ""));
-  EXPECT_EQ(s.finish(), std::optional<std::string>("last"));
-  EXPECT_EQ(s.finish(), std::nullopt);
-  EXPECT_EQ(rank_line(12, "hello"), "[12] hello\n");
-  EXPECT_EQ(rank_line(0, ""), "[0] \n");
-}
-
-TEST(Output, OverlongLinesAreCutAtTheLimit) {
-  LineSplitter s(4);
-  EXPECT_THAT(s.feed("abcdefghij\nxy"), ElementsAre("abcd", "efgh", "ij"));
-  EXPECT_THAT(s.feed("zw"), ElementsAre("xyzw"));
-  EXPECT_EQ(s.finish(), std::nullopt);
-}
-
-TEST(Output, SrunLabelsBecomeRankPrefixes) {
-  EXPECT_EQ(relabel_srun_line(" 3: hello: world"), "[3] hello: world\n");
-  EXPECT_EQ(relabel_srun_line("12: x"), "[12] x\n");
-  EXPECT_EQ(relabel_srun_line(" 0: "), "[0] \n");
-  EXPECT_EQ(relabel_srun_line("srun: error: n1: task 1: Exited with exit code 3"),
-            "srun: error: n1: task 1: Exited with exit code 3\n");
-  EXPECT_EQ(relabel_srun_line(""), "\n");
-}
-
-TEST(HostQuery, TheScriptPrintsAPortNoSocketUsesAndTheGpus) {
-  const std::string script = host_query_script(true, true);
-  auto r = dew::testing::run({"/bin/sh", "-c", script});
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  auto answer = parse_host_reply(r.out, "localhost", true, true);
-  ASSERT_TRUE(answer.ok()) << answer.error().message;
-  ASSERT_TRUE(answer.value().port && answer.value().devices);
-  EXPECT_GE(*answer.value().port, kPortRange.low);
-  EXPECT_LE(*answer.value().port, kPortRange.high);
-  // Random each time: mawk clips a seed above 2^31 - 1, so the script
-  // reduces it first (six draws, at most one repeat allowed).
-  std::set<std::string> draws;
-  for (int i = 0; i < 6; ++i) draws.insert(dew::testing::run({"/bin/sh", "-c", host_query_script(true, false)}).out);
-  EXPECT_GE(draws.size(), 5u);
-}
-
-TEST(HostQuery, TheGpuFactsComeFromTheRemoteShell) {
-  auto r = dew::testing::run({"/bin/sh", "-c", host_query_script(false, true)}, {{"CUDA_VISIBLE_DEVICES", "3,1"}});
-  auto answer = parse_host_reply(r.out, "h", false, true);
-  ASSERT_TRUE(answer.ok()) << answer.error().message;
-  EXPECT_EQ(answer.value().devices->visible_devices, "3,1");
-  EXPECT_FALSE(answer.value().port);
-  r = dew::testing::run({"/bin/sh", "-c", host_query_script(false, true)}, {{"CUDA_VISIBLE_DEVICES", ""}});
-  EXPECT_EQ(parse_host_reply(r.out, "h", false, true).value().devices->visible_devices, std::nullopt)
-      << "unset in the remote shell";
-}
-
-TEST(HostQuery, Replies) {
-  EXPECT_EQ(parse_host_reply("port=41234\n", "h", true, false).value().port, 41234);
-  const auto answer = parse_host_reply("visible=0,1\r\ngpus=2\n", "h", false, true);
-  ASSERT_TRUE(answer.ok());
-  EXPECT_EQ(answer.value().devices->visible_devices, "0,1");
-  EXPECT_EQ(answer.value().devices->gpu_count, 2u);
-  EXPECT_EQ(dew::testing::invalid_argument_of(parse_host_reply("bash: awk: command not found\n", "node0", true, false)),
-            "the query on node0 answered an unexpected line 'bash: awk: command not found'; expected the lines "
-            "port=N, visible=LIST or visible-unset, gpus=N (give --port to skip the port query)");
-  for (const char* bad : {"", "port=70000", "port=x", "gpus=-1\nvisible-unset", "visible-unset"}) {
-    dew::testing::invalid_argument_of(parse_host_reply(bad, "h", true, true));
-  }
-}
-
-TEST(Output, TheFailureNamedIsNotAPeerFailedExit) {
-  EXPECT_EQ(pick_failure({{1, 75 << 8}, {2, 1 << 8}, {3, 75 << 8}}), 1u);
-  EXPECT_EQ(pick_failure({{3, 75 << 8}, {1, 75 << 8}}), 1u) << "all peer-failed: the lowest rank";
-  EXPECT_EQ(pick_failure({{3, 2 << 8}, {0, SIGSEGV}}), 1u) << "a signal counts as a failure of its own";
-  EXPECT_EQ(pick_failure({{5, 3 << 8}}), 0u);
+TEST(LaunchPlan, TheWatchdogGoesIntoXlaFlagsAsThePluginPutsIt) {
+  auto o = options_with({"/bin/true"});
+  auto f = facts();
+  EXPECT_EQ(env_map(planned(o, {}, f).processes[0])["XLA_FLAGS"], "--xla_gpu_execution_terminate_timeout=30m");
+  o.watchdog = Watchdog(std::chrono::seconds(5400));
+  EXPECT_EQ(env_map(planned(o, {}, f).processes[0])["XLA_FLAGS"], "--xla_gpu_execution_terminate_timeout=1h30m");
+  f.xla_flags = "--xla_dump_to=/d";
+  EXPECT_EQ(env_map(planned(o, {}, f).processes[0])["XLA_FLAGS"],
+            "--xla_dump_to=/d --xla_gpu_execution_terminate_timeout=1h30m");
+  // --env XLA_FLAGS stands for the inherited one, once.
+  auto p = planned(o, {{"XLA_FLAGS", "--xla_gpu_execution_terminate_timeout=2m"}}, f).processes[0];
+  EXPECT_EQ(std::count_if(p.env.begin(), p.env.end(), [](const EnvVar& v) { return v.first == "XLA_FLAGS"; }), 1);
+  EXPECT_EQ(env_map(p)["XLA_FLAGS"], "--xla_gpu_execution_terminate_timeout=2m");
+  o.watchdog = Watchdog(std::nullopt);
+  EXPECT_EQ(env_map(planned(o, {}, f).processes[0]).count("XLA_FLAGS"), 0u) << "off: the inherited value is inherited";
 }
 
 }  // namespace

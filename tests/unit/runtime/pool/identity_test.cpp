@@ -87,6 +87,19 @@ TEST(Precedence, OneSlurmTaskFormsAPoolWhenAskedTo) {
   EXPECT_EQ(id.value().size, 1);
 }
 
+// srun --dew-pool --dew-multi-host -n1: the plugin says so with DEW_MULTI_HOST=1.
+TEST(Precedence, OneSlurmTaskFormsAPoolWhenThePluginSaysMultiHost) {
+  const auto one_task = with(kSlurmStep, {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}});
+  auto id = resolve_identity(with(one_task, {{"DEW_MULTI_HOST", "1"}}), JoinOptions{});
+  ASSERT_TRUE(id.ok()) << id.error().message;
+  EXPECT_EQ(id.value().source, PoolSource::kSlurm);
+  EXPECT_EQ(id.value().size, 1);
+  EXPECT_EQ(resolve_identity(with(one_task, {{"DEW_MULTI_HOST", "0"}}), JoinOptions{}).value().source,
+            PoolSource::kAlone);
+  EXPECT_EQ(dew::testing::invalid_argument_of(resolve_identity(with(one_task, {{"DEW_MULTI_HOST", "yes"}}), {})),
+            "DEW_MULTI_HOST='yes' is not allowed; allowed: 1 (a one-task step forms a pool of one) or 0");
+}
+
 TEST(Precedence, ExplicitOptionsWinOverEveryVariable) {
   JoinOptions options;
   options.rank = 1;
