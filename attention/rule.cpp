@@ -153,7 +153,7 @@ void cost_all_to_all(const Call& call, int group, Plan& plan) {
   a2a.units = 2.0 * (h + plan.repeated_kv_heads) / n;
   const double values = static_cast<double>(n - 1) * (2.0 * (h / n) * (lq / n) + 2.0 * most * (lk / n));
   const double per_value = static_cast<double>(call.head_dim) * call.bytes_per_value;
-  a2a.bytes = static_cast<std::int64_t>(values * per_value);
+  a2a.bytes = values * per_value;
 }
 
 // The gather: any head count and key length; masked calls balance their
@@ -171,8 +171,7 @@ void cost_gather(const Call& call, Plan& plan) {
   gather.units = 2.0 * k;
   const std::int64_t shard = (lk + n - 1) / n;
   const double per_value = static_cast<double>(call.head_dim) * call.bytes_per_value;
-  gather.bytes = static_cast<std::int64_t>(static_cast<double>(n - 1) * 2.0 * k * static_cast<double>(shard) *
-                                           per_value);
+  gather.bytes = static_cast<double>(n - 1) * 2.0 * k * static_cast<double>(shard) * per_value;
 }
 
 // Which of the two, and why, once both are costed.

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "attention_check.h"
+#include "dew/text.h"
 #include "commands.h"
 #include "dew/median.h"
 
@@ -62,9 +63,10 @@ void fold_line(const std::string& line, std::size_t process, std::map<std::strin
 void print_table(const CheckOptions& o, const CheckSetup& s, std::map<std::string, ExchangeSummary>& summary,
                  bool ok) {
   const int devices = s.processes * o.devices_per_process;
-  std::printf("attention check: %d devices (%d process%s x %d), mesh %s; batch %d, heads %d/%d, length %lld, head "
+  std::printf("attention check: %s (%s x %d), mesh %s; batch %d, heads %d/%d, length %lld, head "
               "dim %d, mask %s, fp32 against fp64\n",
-              devices, s.processes, s.processes == 1 ? "" : "es", o.devices_per_process,
+              counted(devices, "device").c_str(), counted(s.processes, "process", "processes").c_str(),
+              o.devices_per_process,
               mesh::format_mesh_spec(s.spec).c_str(), o.batch, o.heads, o.kv_heads, static_cast<long long>(o.length),
               o.head_dim, attention::format_mask_kind(s.mask).c_str());
   std::printf("rule: %s (%s)\n", exchange_text(s.plan.exchange).c_str(), s.plan.reason.c_str());

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "attention_check.h"
+#include "dew/text.h"
 #include "dew/comm.h"
 
 namespace dew::cli {
@@ -96,9 +97,8 @@ Result<Done> lay_out(const CheckOptions& o, CheckSetup& s) {
   if (!spec.ok()) return spec.error().prefixed("--mesh " + spec_text + ": ");
   auto built = mesh::build_mesh(spec.value(), mesh::cpu_pool(s.processes, per));
   if (!built.ok()) {
-    return built.error().prefixed("--mesh " + spec_text + " over " + std::to_string(devices) + " device" +
-                                  (devices == 1 ? "" : "s") + " (" + std::to_string(s.processes) + " process" +
-                                  (s.processes == 1 ? "" : "es") + " x " + std::to_string(per) + "): ");
+    return built.error().prefixed("--mesh " + spec_text + " over " + counted(devices, "device") + " (" +
+                                  counted(s.processes, "process", "processes") + " x " + std::to_string(per) + "): ");
   }
   s.spec = spec.value();
   s.layout = built.value();

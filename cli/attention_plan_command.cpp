@@ -18,10 +18,9 @@ struct PlanOptions {
   std::string gather_kernel = "dense-bias";
 };
 
-std::string size_text(std::int64_t bytes) {
-  char buffer[64];
-  const double mib = static_cast<double>(bytes) / (1024.0 * 1024.0);
-  std::snprintf(buffer, sizeof buffer, "%lld bytes (%.4g MiB)", static_cast<long long>(bytes), mib);
+std::string size_text(double bytes) {
+  char buffer[96];
+  std::snprintf(buffer, sizeof buffer, "%.0f bytes (%.4g MiB)", bytes, bytes / (1024.0 * 1024.0));
   return buffer;
 }
 

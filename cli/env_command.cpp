@@ -22,7 +22,8 @@ struct EnvOptions {
 struct Report {
   runtime::Identity id;
   runtime::Settings settings;
-  bool has_secret = false;
+  bool has_secret = false;     // 64 hex digits, as the plugin and dew launch give
+  std::string secret_problem;  // what is wrong with a DEW_POOL_SECRET that is there
   std::string backend = "none (one process alone)";
   std::string coordinator;  // host:port, or empty
   std::string problem;      // why join() would refuse, or empty
@@ -52,16 +53,20 @@ Result<Report> resolve(const EnvOptions& options) {
   r.settings = settings.value();
   const runtime::Identity& i = r.id;
   const bool pooled = i.size > 1 && i.source != runtime::PoolSource::kAlone;
-  r.has_secret = env.count("DEW_POOL_SECRET") && !env.at("DEW_POOL_SECRET").empty();
+  if (const auto secret = env.find("DEW_POOL_SECRET"); secret != env.end() && !secret->second.empty()) {
+    r.has_secret = is_pool_secret(secret->second);
+    if (!r.has_secret) r.secret_problem = runtime::pool_secret_problem(secret->second);
+  }
   r.coordinator = i.coordinator ? i.coordinator->text() : "";
   if (pooled) {
     r.backend = i.pmix ? "pmix+tcp: all_gather over PMIx fences; agreements, key-value and failures over process 0's "
                          "coordination service (address and secret shared over PMIx)"
                        : "tcp: process 0's coordination service";
     if (!i.pmix && !i.coordinator) r.problem = "no coordinator: join() will refuse; set DEW_COORDINATOR_ADDRESS=host:port";
-    if (!i.pmix && !r.has_secret) {
+    if (!i.pmix && !r.has_secret && r.secret_problem.empty()) {
       r.problem = "DEW_POOL_SECRET is not set: join() will refuse (srun --dew-pool and dew launch set it)";
     }
+    if (!r.secret_problem.empty()) r.problem = r.secret_problem + ": join() will refuse";
     if (!r.coordinator.empty()) r.jax["coordinator_address"] = r.coordinator;
     r.jax["num_processes"] = i.size;
     r.jax["process_id"] = i.rank;
@@ -107,7 +112,10 @@ void print_text(const Report& r) {
             << "coordinator:  " << (r.coordinator.empty() ? "none" : r.coordinator)
             << (id.coordinator_from.empty() ? "" : " (from " + id.coordinator_from + ")") << "\n"
             << "backend:      " << r.backend << "\n"
-            << "pool secret:  " << (r.has_secret ? "set (DEW_POOL_SECRET)" : "not set") << "\n"
+            << "pool secret:  "
+            << (r.has_secret ? "set (DEW_POOL_SECRET, 64 hex digits)"
+                             : r.secret_problem.empty() ? "not set" : "not usable: " + r.secret_problem)
+            << "\n"
             << "patience:     agreements " << seconds(r.settings.agreement_patience) << ", heartbeats "
             << seconds(r.settings.heartbeat_timeout) << ", failure grace " << seconds(r.settings.failure_grace) << "\n"
             << "jax.distributed.initialize(" << (r.jax.empty() ? "): not called, one process alone" : "");

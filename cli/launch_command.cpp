@@ -299,7 +299,7 @@ void add_launch_command(CLI::App& app) {
     // remaining() starts with the -- separator when it came before the
     // program (CLI11 keeps it there); after --hosts, CLI11 has taken it.
     auto rest = args->app->remaining();
-    if (!rest.empty() && rest.front() == "--" && !args->program.empty()) rest.erase(rest.begin());
+    if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
     args->options.command.clear();
     if (!args->program.empty()) args->options.command.push_back(args->program);
     args->options.command.insert(args->options.command.end(), rest.begin(), rest.end());

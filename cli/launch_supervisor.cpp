@@ -45,7 +45,9 @@ void write_all(int fd, const std::string& text) {
 }
 
 std::string ssh_hint(const std::string& host) {
-  return "passwordless ssh must work: check that `ssh -o BatchMode=yes " + host + " true` succeeds";
+  // Quoted as a shell reads it, so that the command pastes as it is shown.
+  return "passwordless ssh must work: check that `ssh -o BatchMode=yes -- " + launch::shell_quote(host) +
+         " true` succeeds";
 }
 
 Supervisor::Supervisor(std::chrono::milliseconds grace) : grace_(grace) {

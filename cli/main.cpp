@@ -1,10 +1,13 @@
 // The `dew` command: one binary, one subcommand per job.
 #include <CLI/CLI.hpp>
+
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 
 #include "commands.h"
+#include "dew/text.h"
 #include "dew/log.h"
 
 namespace dew::cli {
@@ -48,6 +51,18 @@ int main(int argc, char** argv) {
   dew::cli::add_attention_plan_command(app);
   dew::cli::add_attention_check_command(app);
   dew::cli::add_launch_command(app);
+  // CLI11 calls an unknown first word "A subcommand is required": name it.
+  if (argc > 1 && argv[1][0] != '-') {
+    std::vector<std::string> names;
+    for (const CLI::App* command : app.get_subcommands([](CLI::App*) { return true; })) {
+      names.push_back(command->get_name());
+    }
+    if (std::find(names.begin(), names.end(), argv[1]) == names.end()) {
+      return dew::cli::report(dew::invalid_argument(dew::quoted(argv[1]) + " is not a dew command; allowed: " +
+                                                    dew::join(names, ", ") + " (dew --help lists them)"),
+                              2);
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -35,6 +35,17 @@ std::string processes_text(const std::vector<int>& ranks) {
   return (ranks.size() == 1 ? "process " : "processes ") + join(ranks, ",");
 }
 
+std::string counted(long long count, std::string_view noun, std::string_view plural) {
+  std::string out = std::to_string(count) + " ";
+  if (count == 1) return out.append(noun);
+  if (!plural.empty()) return out.append(plural);
+  return out.append(noun).append("s");
+}
+
+bool is_pool_secret(std::string_view text) {
+  return text.size() == 64 && text.find_first_not_of("0123456789abcdefABCDEF") == std::string_view::npos;
+}
+
 std::string printable(std::string_view text, std::size_t limit) {
   constexpr char kHex[] = "0123456789abcdef";
   std::string out;

@@ -227,20 +227,22 @@ Result<MeshShape> resolve_shape(const MeshSpec& spec, int devices) {
     named += (named.empty() ? "" : " x ") + std::string(kMeshAxes[a]) + "=" + std::to_string(size);
   }
   const std::string made = product >= kCap ? "more than " + std::to_string(kCap) : std::to_string(product);
+  // "fsdp=3 asks for 3 devices", "fsdp=3 x tensor=2 multiply to 6".
+  const bool one_axis = named.find(" x ") == std::string::npos;
+  const std::string makes = one_axis ? " asks for " + made + (product == 1 ? " device" : " devices") : " multiply to " + made;
   MeshShape shape{};
   for (int a = 0; a < kAxisCount; ++a) shape[a] = spec.sizes[a].value_or(1);
   const auto data = static_cast<int>(Axis::kData);
   if (spec.sizes[data]) {
     if (product != devices) {
-      return invalid_argument("mesh spec: " + named + " multiply to " + made + ", but there are " + std::to_string(devices) +
-                   " devices; the sizes must multiply to the device count");
+      return invalid_argument("mesh spec: " + named + makes + ", but there " + (devices == 1 ? "is " : "are ") +
+                              counted(devices, "device") + "; the sizes must multiply to the device count");
     }
   } else if (devices % product != 0) {
-    return invalid_argument("mesh spec: " + named + " multiply to " + made + ", which does not divide the " +
-                 std::to_string(devices) +
-                 " devices; data takes the devices left over, so the other axes must multiply to a "
-                 "divisor of " +
-                 std::to_string(devices));
+    return invalid_argument("mesh spec: " + named + makes + ", which does not divide the " +
+                            counted(devices, "device") +
+                            "; data takes the devices left over, so the other axes must multiply to a divisor of " +
+                            std::to_string(devices));
   } else {
     shape[data] = static_cast<int>(devices / product);
   }

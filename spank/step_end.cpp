@@ -81,6 +81,8 @@ void StepEnder::run() {
 }
 
 // An error here mostly means the step has ended already: logged, not shown.
+// SIGTERM goes with SIGCONT: a stopped task acts on it only once continued
+// (a rank frozen with SIGSTOP ends with SIGTERM, not 2 s later by SIGKILL).
 void StepEnder::send(const Pending& pending) {
   if (!pending.why.empty()) slurm_info("dew: %s", pending.why.c_str());
   if (slurm_kill_job_step == nullptr) {
@@ -90,7 +92,9 @@ void StepEnder::send(const Pending& pending) {
   }
   if (slurm_kill_job_step(pending.job, pending.step, static_cast<std::uint16_t>(pending.signal)) != 0) {
     slurm_info("dew: signal %d to step %u.%u not delivered (ended already?)", pending.signal, pending.job, pending.step);
+    return;
   }
+  if (pending.signal == kStepEndSignal) slurm_kill_job_step(pending.job, pending.step, SIGCONT);
 }
 
 }  // namespace dew::spank

@@ -189,7 +189,9 @@ struct ExchangeCost {
   // (the design page's count over one tensor shard's heads: all-to-all 2(H + K')/N,
   // gather 2K), and in bytes (the device that sends most).
   double units = 0;
-  std::int64_t bytes = 0;
+  // A double: the largest calls the rule allows send up to ~2^103 bytes, past
+  // any 64-bit integer (exact below 2^53, which covers every real call).
+  double bytes = 0;
 };
 
 struct Plan {

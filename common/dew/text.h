@@ -31,6 +31,14 @@ std::string join(const std::vector<std::string>& parts, std::string_view separat
 // {0, 2, 3} with "," -> "0,2,3".
 std::string join(const std::vector<int>& numbers, std::string_view separator);
 
+// "1 GPU", "2 GPUs": a count with its noun, singular for one. `plural`
+// defaults to the noun with an "s".
+std::string counted(long long count, std::string_view noun, std::string_view plural = {});
+
+// True for what srun --dew-pool and dew launch give as DEW_POOL_SECRET: 64
+// hex digits (32 random bytes).
+bool is_pool_secret(std::string_view text);
+
 // "process 2" or "processes 0,3": the ranks a message is about.
 std::string processes_text(const std::vector<int>& ranks);
 

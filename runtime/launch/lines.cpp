@@ -152,9 +152,8 @@ int slurm_exit_code(int srun_code, const std::vector<SrunTaskEnd>& ends, const s
   if (srun_code == 0) return 0;
   if (blame) {
     for (const auto& end : ends) {
-      if (std::find(end.tasks.begin(), end.tasks.end(), blame->rank) != end.tasks.end() && end.code != 0) {
-        return end.code;
-      }
+      const bool named = std::find(end.tasks.begin(), end.tasks.end(), blame->rank) != end.tasks.end();
+      if (named && end.code != 0) return end.code == kPeerFailedExitCode ? 1 : end.code;
     }
   }
   // A task's own code before the signals that end a step (SIGTERM, SIGKILL).

@@ -77,7 +77,7 @@ Result<HostAnswer> parse_host_reply(std::string_view reply, const std::string& h
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty()) continue;
     if (line.rfind("port-busy=", 0) == 0) {
-      return unavailable("--port " + line.substr(10) + ": the port is in use on " + host +
+      return unavailable("--port " + printable(line.substr(10)) + ": the port is in use on " + host +
                          "; allowed: a port no socket uses there (or leave --port out for a free one)");
     }
     if (line.rfind("port=", 0) == 0) {

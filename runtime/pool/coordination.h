@@ -89,6 +89,9 @@ class CoordinationClient {
   // waits (up to `bound`) until the service has read it and closed its side:
   // a process that exits right after must not have its last frame reset away.
   void publish_failure(const std::string& message, std::chrono::milliseconds bound);
+  // Publishes the failure of another process (`rank`, late to an agreement)
+  // as this process knows it; this process then ends as its peer.
+  void publish_blame(int rank, const std::string& message);
   // Async-signal-safe: writes a frame prepared by prepare_signal_frame(), if
   // no other thread is in the middle of a write.
   void publish_prepared_from_signal(int slot) noexcept;

@@ -110,10 +110,11 @@ struct CoordinationClient::Impl {
       switch (frame->type) {
         case wire::Type::kHeartbeat: break;
         case wire::Type::kFailure: {
+          // Also one that names this process: another published it (this
+          // one was late to an agreement). A process that published its own
+          // failure is already ending and ignores the echo.
           const auto rank = wire::decode_u64(frame->items[0]).value_or(0);
-          if (static_cast<int>(rank) != config.rank) {
-            record_failure(PeerFailure{static_cast<int>(rank), frame->items[1]});
-          }
+          record_failure(PeerFailure{static_cast<int>(rank), frame->items[1]});
           break;
         }
         case wire::Type::kValue:
@@ -246,6 +247,10 @@ void CoordinationClient::publish_failure(const std::string& message, std::chrono
   ::shutdown(impl_->fd, SHUT_WR);
   std::unique_lock lock(impl_->mutex);
   impl_->changed.wait_for(lock, bound, [&] { return impl_->service_closed; });
+}
+
+void CoordinationClient::publish_blame(int rank, const std::string& message) {
+  impl_->write_frame(wire::Frame{wire::Type::kFail, {wire::encode_u64(static_cast<std::uint64_t>(rank)), message}});
 }
 
 void CoordinationClient::prepare_signal_frame(int slot, const std::string& message) {

@@ -5,6 +5,7 @@
 // uncaught exceptions become published failures.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 
@@ -23,6 +24,7 @@ bool g_terminate_installed = false;
 bool g_handlers_installed = false;
 // The message of the PoolError a failed join() threw (see guard_join_failure).
 std::string g_join_failure;
+std::unique_ptr<PmixSession> g_join_pmix;  // a failed join's PMIx session
 
 [[noreturn]] void wait_for_the_end() {
   // Another thread is already ending the process.
@@ -53,21 +55,27 @@ void on_fatal_signal(int signal_number) {
 void on_terminate() {
   std::string message = "uncaught exception";
   bool join_failed = false;
+  std::vector<int> late;
   if (auto current = std::current_exception()) {
     try {
       std::rethrow_exception(current);
     } catch (const PoolError& error) {
       message += ": " + std::string(error.what());
       join_failed = !g_join_failure.empty() && g_join_failure == error.what();
+      late = error.late_ranks();
     } catch (const std::exception& error) {
       message += ": " + std::string(error.what());
     } catch (...) {
       message += " (not a std::exception)";
     }
   }
-  if (Pool::State* state = g_pool.load()) state->fail(message, 1);
+  if (Pool::State* state = g_pool.load()) {
+    if (!late.empty()) state->fail_for_late(late, message);
+    state->fail(message, 1);
+  }
   if (join_failed) {
     log_error("error: cannot join the pool: " + g_join_failure);
+    if (g_join_pmix) g_join_pmix->abort(kJoinFailedExitCode, "cannot join the pool: " + g_join_failure);
     std::fflush(nullptr);
     ::_exit(kJoinFailedExitCode);
   }
@@ -130,6 +138,23 @@ void Pool::State::fail(const std::string& error, int exit_code) {
   ::_exit(exit_code);
 }
 
+// Every waiting process learns at about the same moment that the same
+// processes are late. Process 0 says so for the pool (when it is not late
+// itself); the others wait a moment for its word and end as peers, so the
+// news is published once and names the late process, not a waiting one.
+void Pool::State::fail_for_late(const std::vector<int>& late, const std::string& error) {
+  if (!client) fail(error, 1);
+  const bool zero_says_it = identity.rank != 0 && std::find(late.begin(), late.end(), 0) == late.end();
+  if (zero_says_it) {
+    std::unique_lock lock(mutex);
+    changed.wait_for(lock, std::chrono::seconds(1), [&] { return failure_heard.has_value(); });
+  }
+  if (auto heard = client->failure()) end_for_peer(*heard);
+  const PeerFailure blamed{late.front(), error};
+  client->publish_blame(blamed.rank, blamed.message);
+  end_for_peer(blamed);
+}
+
 void attach_failure_path(Pool::State& state, bool handlers) {
   g_pool.store(&state);
   if (!handlers) return;
@@ -152,6 +177,8 @@ void guard_join_failure() { install_terminate_handler(); }
 
 void note_join_failure(const std::string& message) { g_join_failure = message; }
 
+void keep_pmix_for_join_failure(std::unique_ptr<PmixSession> pmix) { g_join_pmix = std::move(pmix); }
+
 void detach_failure_path(Pool::State& state) {
   Pool::State* expected = &state;
   if (!g_pool.compare_exchange_strong(expected, nullptr) || !g_handlers_installed) return;
@@ -165,6 +192,16 @@ namespace detail {
 
 void fail_process(const std::string& message, int exit_code) {
   if (Pool::State* state = g_pool.load()) state->fail(message, exit_code);
+  // Not joined: the line still carries the rank a launcher gave, as a pool's do.
+  const Environment env = current_environment();
+  if (!(env.count("DEW_LINES_PREFIXED") && env.at("DEW_LINES_PREFIXED") == "1")) {
+    for (const char* name : {"DEW_PROCESS_ID", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"}) {
+      if (auto rank = env.find(name); rank != env.end() && parse_whole<unsigned>(rank->second)) {
+        set_log_prefix("[" + rank->second + "] ");
+        break;
+      }
+    }
+  }
   log_error("error: " + message);
   std::fflush(nullptr);
   ::_exit(exit_code);

@@ -1,5 +1,10 @@
 #include "pmix_session.h"
 
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <thread>
+
 #include <pmix.h>
 
 #include <cstring>
@@ -81,6 +86,46 @@ void PmixSession::fill(Identity& id) const {
   id.hostname = identity_.hostname;
 }
 
+namespace {
+
+// A fence's completion, shared with PMIx's callback. Left behind (never
+// freed) when the wait gives up: the callback may still come.
+struct FenceWait {
+  std::mutex mutex;
+  std::condition_variable done;
+  std::optional<pmix_status_t> status;
+};
+
+void fence_done(pmix_status_t status, void* data) {
+  auto* wait = static_cast<FenceWait*>(data);
+  std::lock_guard lock(wait->mutex);
+  wait->status = status;
+  wait->done.notify_all();
+}
+
+// PMIx_Fence bounded by `timeout` on this side too: Slurm's PMIx server does
+// not honour PMIX_TIMEOUT, and a process that never calls the fence would
+// hold every other one in it for good.
+pmix_status_t fence_within(const pmix_proc_t& all, const pmix_info_t* info, std::size_t ninfo,
+                           std::chrono::milliseconds timeout) {
+  auto* wait = new FenceWait;
+  const pmix_status_t started = PMIx_Fence_nb(&all, 1, info, ninfo, fence_done, wait);
+  if (started != PMIX_SUCCESS) {
+    delete wait;
+    return started;
+  }
+  std::unique_lock lock(wait->mutex);
+  if (!wait->done.wait_for(lock, timeout + std::chrono::seconds(1), [&] { return wait->status.has_value(); })) {
+    return PMIX_ERR_TIMEOUT;  // `wait` stays for the callback that may still come
+  }
+  const pmix_status_t status = *wait->status;
+  lock.unlock();
+  delete wait;
+  return status;
+}
+
+}  // namespace
+
 Result<std::vector<std::string>> PmixSession::all_gather(const std::string& bytes, std::chrono::milliseconds timeout) {
   // A fresh key per round: PMIx keeps every committed value, and a reused
   // key could return an earlier round's bytes (NVSHMEM's bootstrap does so).
@@ -104,7 +149,7 @@ Result<std::vector<std::string>> PmixSession::all_gather(const std::string& byte
   const int seconds = static_cast<int>(std::min<long long>(std::max<long long>(timeout.count() / 1000, 1), 1 << 30));
   PMIX_INFO_LOAD(&info[0], PMIX_COLLECT_DATA, &collect, PMIX_BOOL);
   PMIX_INFO_LOAD(&info[1], PMIX_TIMEOUT, &seconds, PMIX_INT);
-  status = PMIx_Fence(&all, 1, info, 2);
+  status = fence_within(all, info, 2, timeout);
   PMIX_INFO_DESTRUCT(&info[0]);
   PMIX_INFO_DESTRUCT(&info[1]);
   if (status != PMIX_SUCCESS) {
@@ -131,6 +176,78 @@ Result<std::vector<std::string>> PmixSession::all_gather(const std::string& byte
     PMIX_VALUE_RELEASE(got);
   }
   return out;
+}
+
+namespace {
+
+// A PMIx_Get_nb's answer, shared with its callback; left behind when the
+// wait gives up (the callback may still come).
+struct GetWait {
+  std::mutex mutex;
+  std::condition_variable done;
+  std::optional<pmix_status_t> status;
+  std::string bytes;
+};
+
+void get_done(pmix_status_t status, pmix_value_t* value, void* data) {
+  auto* wait = static_cast<GetWait*>(data);
+  std::lock_guard lock(wait->mutex);
+  if (status == PMIX_SUCCESS && value != nullptr && value->type == PMIX_BYTE_OBJECT) {
+    wait->bytes.assign(value->data.bo.bytes, value->data.bo.size);
+  } else if (status == PMIX_SUCCESS) {
+    status = PMIX_ERR_BAD_PARAM;
+  }
+  wait->status = status;
+  wait->done.notify_all();
+}
+
+}  // namespace
+
+Result<std::string> PmixSession::from_process_zero(const std::string& key, const std::string& bytes,
+                                                   std::chrono::milliseconds timeout) {
+  if (identity_.rank == 0) {
+    pmix_value_t value;
+    PMIX_VALUE_CONSTRUCT(&value);
+    value.type = PMIX_BYTE_OBJECT;
+    value.data.bo.bytes = const_cast<char*>(bytes.data());
+    value.data.bo.size = bytes.size();
+    pmix_status_t status = PMIx_Put(PMIX_GLOBAL, key.c_str(), &value);
+    if (status != PMIX_SUCCESS) return unavailable("PMIx_Put: " + describe(status));
+    status = PMIx_Commit();
+    if (status != PMIX_SUCCESS) return unavailable("PMIx_Commit: " + describe(status));
+    return bytes;
+  }
+  pmix_proc_t zero;
+  PMIX_PROC_CONSTRUCT(&zero);
+  load_nspace(zero, identity_.nspace.c_str());
+  zero.rank = 0;
+  // A process on process 0's node may ask before process 0 has posted: the
+  // local server answers NOT-FOUND rather than waiting. Asked again until
+  // the deadline.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    auto* wait = new GetWait;
+    const pmix_status_t started = PMIx_Get_nb(&zero, key.c_str(), nullptr, 0, get_done, wait);
+    if (started != PMIX_SUCCESS) {
+      delete wait;
+      return unavailable("PMIx_Get_nb(" + key + ") of process 0: " + describe(started));
+    }
+    std::unique_lock lock(wait->mutex);
+    if (!wait->done.wait_until(lock, deadline, [&] { return wait->status.has_value(); })) {
+      return timeout_error("process 0 never posted the coordinator over PMIx within " +
+                           std::to_string(std::chrono::duration_cast<std::chrono::seconds>(timeout).count()) +
+                           " s (DEW_JOIN_TIMEOUT_SECONDS)");  // `wait` stays for a late callback
+    }
+    const pmix_status_t status = *wait->status;
+    std::string got = std::move(wait->bytes);
+    lock.unlock();
+    delete wait;
+    if (status == PMIX_SUCCESS) return got;
+    if (status != PMIX_ERR_NOT_FOUND || std::chrono::steady_clock::now() >= deadline) {
+      return unavailable("PMIx_Get(" + key + ") of process 0: " + describe(status));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 void PmixSession::abort(int code, const std::string& message) {

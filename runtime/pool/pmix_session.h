@@ -32,6 +32,12 @@ class PmixSession {
   // Put/Commit/Fence(PMIX_COLLECT_DATA, PMIX_TIMEOUT) under a key fresh for
   // each round, then everybody's value in rank order.
   Result<std::vector<std::string>> all_gather(const std::string& bytes, std::chrono::milliseconds timeout);
+  // Process 0 posts `bytes` under `key`; every other process waits for them,
+  // at most `timeout` (a direct fetch from process 0, no fence: a process
+  // that never comes does not hold the others, who go on to the
+  // coordination service, which can say who is missing).
+  Result<std::string> from_process_zero(const std::string& key, const std::string& bytes,
+                                        std::chrono::milliseconds timeout);
   // Asks the PMIx server (Slurm, prterun) to end every process of the job.
   void abort(int code, const std::string& message);
 

@@ -39,9 +39,11 @@ std::unique_ptr<CoordinationService> start_service(const Pool::State& state, con
 }
 
 // Under PMIx: PMIx fences cannot say who is missing and PMIx keys belong to
-// one process, so the service runs here too, bootstrapped over a fence:
-// process 0 contributes its address and (without DEW_POOL_SECRET) a fresh
-// secret, which only this job's processes can read. Returns the secret.
+// one process, so the service runs here too: process 0 posts its address and
+// (without DEW_POOL_SECRET) a fresh secret, which only this job's processes
+// can read, and the others fetch them from it (no fence: one process that
+// never comes holds nobody, and the service's join agreement names it).
+// Returns the secret.
 std::string bootstrap_over_pmix(Pool::State& state, std::string secret) {
   Identity& id = state.identity;
   std::string contribution;
@@ -54,9 +56,9 @@ std::string bootstrap_over_pmix(Pool::State& state, std::string secret) {
     state.service = start_service(state, secret, 0);
     contribution = hostname() + "\n" + std::to_string(state.service->port()) + "\n" + secret;
   }
-  auto gathered = state.pmix->all_gather(contribution, state.settings.join_timeout);
-  if (!gathered.ok()) throw PoolError(gathered.error());
-  const std::string& zero = gathered.value()[0];
+  auto fetched = state.pmix->from_process_zero("dew.coordinator", contribution, state.settings.join_timeout);
+  if (!fetched.ok()) throw PoolError(fetched.error());
+  const std::string& zero = fetched.value();
   const auto first = zero.find('\n');
   const auto second = first == std::string::npos ? first : zero.find('\n', first + 1);
   const auto port = second == std::string::npos ? std::nullopt
@@ -110,6 +112,14 @@ std::string backend_of(const Pool::State& state) {
 
 }  // namespace
 
+std::string pool_secret_problem(std::string_view secret) {
+  if (is_pool_secret(secret)) return "";
+  return "DEW_POOL_SECRET has " + counted(static_cast<long long>(secret.size()), "character") +
+         (secret.size() == 64 ? " but not all hex digits" : "") +
+         "; allowed: 64 hex digits (srun --dew-pool and dew launch draw them; elsewhere export the same "
+         "$(openssl rand -hex 32) to every process)";
+}
+
 Result<Identity> describe_identity(const Environment& env, const JoinOptions& options) {
   auto resolved = resolve_identity(env, options);
   if (!resolved.ok()) return resolved;
@@ -158,10 +168,41 @@ void agree_joined(Pool::State& state, Clock::time_point started) {
   }
   const auto missing = state.checked(std::move(agreed));
   if (!missing.empty()) {
-    state.fail(processes_text(missing) + " never joined the pool within " + seconds_of(state.settings.join_timeout) +
-                   " (DEW_JOIN_TIMEOUT_SECONDS)",
-               1);
+    state.fail_for_late(missing, processes_text(missing) + " never joined the pool within " +
+                                     seconds_of(state.settings.join_timeout) + " (DEW_JOIN_TIMEOUT_SECONDS)");
   }
+}
+
+// The join once the identity and the log prefix are known: the secret's
+// check, the service and the client, the first agreement.
+void join_with(Pool::State& s, const JoinOptions& options, Clock::time_point started, std::string secret) {
+  Pool::State* state = &s;
+  Identity& id = state->identity;
+  // A guessable secret would let anyone who can reach the port into the pool.
+  if (!secret.empty()) {
+    if (auto problem = pool_secret_problem(secret); !problem.empty()) throw PoolError(invalid_argument(problem));
+  }
+  log_debug("join: identity from " + std::string(source_name(id.source)) + ": " + id.why);
+  if (id.hostname.empty()) id.hostname = hostname();
+
+  if (id.size > 1 && id.source != PoolSource::kAlone) {
+    if (state->pmix) {
+      secret = bootstrap_over_pmix(*state, secret);
+    } else {
+      check_tcp_pool(*state, secret);
+      log_debug("join: coordinator " + id.coordinator->text() + " from " + id.coordinator_from);
+      if (id.rank == 0) state->service = start_service(*state, secret, id.coordinator->port);
+    }
+    connect_client(*state, secret, started + state->settings.join_timeout);
+  }
+
+  attach_failure_path(*state, options.failure_handlers);
+  if (state->client) {
+    state->start_watch();
+    agree_joined(*state, started);
+  }
+  log_info("Joined the pool: process " + std::to_string(id.rank) + " of " + std::to_string(id.size) + " (" +
+           std::string(source_name(id.source)) + ", " + backend_of(*state) + ")");
 }
 
 std::unique_ptr<Pool::State> join_pool(const JoinOptions& options, Clock::time_point started) {
@@ -187,28 +228,15 @@ std::unique_ptr<Pool::State> join_pool(const JoinOptions& options, Clock::time_p
     if (id.size == 1 && !options.multi_host) id.why += "; one process: no pool";
   }
   set_log_prefix(state->prefix());  // the rank is known now, PMIx's too
-  log_debug("join: identity from " + std::string(source_name(id.source)) + ": " + id.why);
-  if (id.hostname.empty()) id.hostname = hostname();
-
-  if (id.size > 1 && id.source != PoolSource::kAlone) {
-    if (state->pmix) {
-      secret = bootstrap_over_pmix(*state, secret);
-    } else {
-      check_tcp_pool(*state, secret);
-      log_debug("join: coordinator " + id.coordinator->text() + " from " + id.coordinator_from);
-      if (id.rank == 0) state->service = start_service(*state, secret, id.coordinator->port);
-    }
-    connect_client(*state, secret, started + state->settings.join_timeout);
+  try {
+    join_with(*state, options, started, std::move(secret));
+    return state;
+  } catch (const PoolError&) {
+    // Under PMIx an uncaught join failure aborts the job step (as a failure
+    // after joining does): srun would otherwise wait for every task.
+    if (state->pmix) keep_pmix_for_join_failure(std::move(state->pmix));
+    throw;
   }
-
-  attach_failure_path(*state, options.failure_handlers);
-  if (state->client) {
-    state->start_watch();
-    agree_joined(*state, started);
-  }
-  log_info("Joined the pool: process " + std::to_string(id.rank) + " of " + std::to_string(id.size) + " (" +
-           std::string(source_name(id.source)) + ", " + backend_of(*state) + ")");
-  return state;
 }
 
 }  // namespace
@@ -303,7 +331,8 @@ std::vector<std::string> Pool::all_gather(const std::string& bytes) {
   auto parts = state_->checked(state_->client->gather(name, bytes, state_->settings.agreement_patience, missing));
   if (!missing.empty()) {
     throw PoolError(timeout_error(what + " ran out of patience after " + seconds_of(state_->settings.agreement_patience) +
-                                  ": " + processes_text(missing) + " never arrived"));
+                                  ": " + processes_text(missing) + " never arrived"),
+                    missing);
   }
   return parts;
 }
@@ -316,7 +345,8 @@ void Pool::agree(const std::string& name, std::chrono::milliseconds patience) {
   auto missing = state_->checked(state_->client->agree(name + "#" + std::to_string(round), patience));
   if (!missing.empty()) {
     throw PoolError(timeout_error("agreement '" + name + "' ran out of patience after " + seconds_of(patience) +
-                                  ": " + processes_text(missing) + " never arrived"));
+                                  ": " + processes_text(missing) + " never arrived"),
+                    missing);
   }
 }
 

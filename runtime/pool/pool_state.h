@@ -64,6 +64,10 @@ struct Pool::State {
   [[noreturn]] void end_for_peer(const PeerFailure& failed);
   // Ends this process with its own error: one line, published, exit_code.
   [[noreturn]] void fail(const std::string& error, int exit_code);
+  // The pool fails because `late` never came (to the join, an agreement, a
+  // gather): published once (by process 0 when it waits too), every process
+  // ending as their peer, naming the first.
+  [[noreturn]] void fail_for_late(const std::vector<int>& late, const std::string& error);
 
   // Every pool call that finds the pool failed ends here: the failure has
   // been "heard at an agreement".
@@ -88,5 +92,8 @@ void detach_failure_path(Pool::State& state);
 // kJoinFailedExitCode instead of std::terminate's abort.
 void guard_join_failure();
 void note_join_failure(const std::string& message);
+// A join that failed under PMIx keeps its session: left uncaught, the
+// failure aborts the job step through it (PMIx_Abort).
+void keep_pmix_for_join_failure(std::unique_ptr<PmixSession> pmix);
 
 }  // namespace dew::runtime

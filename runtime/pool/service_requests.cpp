@@ -16,7 +16,12 @@ void CoordinationService::Impl::handle(const SessionPtr& session, wire::Frame& f
     case wire::Type::kPut: return handle_put(frame);
     case wire::Type::kGet: return handle_get(session, frame);
     case wire::Type::kAgree: return handle_agree(session, frame);
-    case wire::Type::kFail: return publish(PeerFailure{session->rank, frame.items[1]});
+    case wire::Type::kFail: {
+      // A process may publish another's failure (one late to an agreement).
+      const auto named = wire::decode_u64(frame.items[0]);
+      const bool other = named && *named < static_cast<std::uint64_t>(config.size);
+      return publish(PeerFailure{other ? static_cast<int>(*named) : session->rank, frame.items[1]});
+    }
     default:
       close(session, "closed the connection of process " + std::to_string(session->rank) + ": unexpected " +
                          std::string(wire::type_name(frame.type)) + " frame");

@@ -101,12 +101,18 @@ std::optional<std::string> Pool::compile_cache_key() {
   std::vector<std::string> text;
   for (const auto& [fingerprint, who] : groups) {
     if (who.front() == 0) continue;
-    std::vector<std::string> differs;
-    for (const auto& line : lines_of(fingerprint)) {
+    // Both sides: what they have that process 0 has not, and the other way.
+    const auto theirs = lines_of(fingerprint);
+    std::vector<std::string> differs, ours;
+    for (const auto& line : theirs) {
       if (!reference.count(line)) differs.push_back(line);
     }
+    for (const auto& line : reference) {
+      if (!theirs.count(line)) ours.push_back(line);
+    }
     text.push_back(processes_text(who) + " differ" + (who.size() == 1 ? "s" : "") + " from process 0: " +
-                   (differs.empty() ? "fewer fingerprint lines" : dew::join(differs, ", ")));
+                   (differs.empty() ? "no line of their own" : dew::join(differs, ", ")) + " against process 0's " +
+                   (ours.empty() ? "no line of its own" : dew::join(ours, ", ")));
   }
   log_warn("compile cache off: the processes do not compile for the same accelerators: " + dew::join(text, "; "));
   return std::nullopt;

@@ -12,6 +12,17 @@
 
 namespace dew::runtime {
 
+namespace {
+
+// "30m", "1h30m" as DEW_WATCHDOG writes them; a bound with milliseconds
+// (only a program's own) as "300 ms", "1500 ms", not rounded to "0s".
+std::string bound_text(std::chrono::milliseconds bound) {
+  if (bound.count() % 1000 != 0) return std::to_string(bound.count()) + " ms";
+  return format_duration(std::chrono::duration_cast<std::chrono::seconds>(bound));
+}
+
+}  // namespace
+
 struct StepWatchdog::State {
   std::optional<std::chrono::milliseconds> bound;
   std::mutex mutex;
@@ -44,10 +55,10 @@ StepWatchdog::StepWatchdog(std::optional<std::chrono::milliseconds> bound) : sta
       const auto step = s->steps;
       const auto deadline = *s->started + *s->bound;
       if (s->changed.wait_until(lock, deadline, [&] { return s->stopping || s->steps != step || !s->started; })) continue;
-      const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(*s->bound);
+      const auto bound = *s->bound;
       lock.unlock();
-      detail::fail_process("step " + std::to_string(step) + " ran longer than its bound of " +
-                       format_duration(seconds) + " (StepWatchdog, DEW_WATCHDOG)",
+      detail::fail_process("step " + std::to_string(step) + " ran longer than its bound of " + bound_text(bound) +
+                               " (StepWatchdog, DEW_WATCHDOG)",
                            kWatchdogExitCode);
     }
   });

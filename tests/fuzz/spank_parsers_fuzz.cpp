@@ -667,7 +667,7 @@ void fuzz_task_env(Bytes& bytes) {
     FUZZ_CHECK(secret != nullptr && *secret == *facts.pool_secret);
   } else {
     FUZZ_CHECK(address == nullptr && find_set(plan, "DEW_POOL_SECRET") == nullptr);
-    FUZZ_CHECK(plan.unset.size() == 3);
+    FUZZ_CHECK(plan.unset.size() == 4);  // the coordinator pair, the secret, DEW_MULTI_HOST
   }
 
   // The GPU part is exactly bind_gpus on the same facts.
@@ -676,8 +676,10 @@ void fuzz_task_env(Bytes& bytes) {
   gpus.bound_by_slurm = slurm_bound_gpus(facts.tres_bind, facts.gpus_per_task);
   gpus.local_process = facts.local_task;
   gpus.local_process_count = facts.local_task_count;
-  gpus.devices_per_process =
-      options.devices_per_process ? options.devices_per_process : config.devices_per_process;
+  gpus.devices_per_process = options.devices_per_process ? *options.devices_per_process : config.devices_per_process;
+  // The admin's default passes over a step without GPUs (the user's own value does not).
+  const bool no_gpus = !gpus.bound_by_slurm && (!facts.visible_devices || facts.visible_devices->empty());
+  if (!options.devices_per_process && no_gpus) gpus.devices_per_process.reset();
   auto binding = bind_gpus(gpus);
   check_binding(gpus, binding, raw);
   FUZZ_CHECK(binding.ok());

@@ -193,7 +193,7 @@ TEST(SlurmPool, DewEnvShowsTheResolvedIdentity) {
   EXPECT_THAT(pooled.out, HasSubstr("1: source:       slurm"));
   EXPECT_THAT(pooled.out, HasSubstr("1: process:      1 of 2"));
   EXPECT_THAT(pooled.out, HasSubstr("(from DEW_COORDINATOR_ADDRESS)"));
-  EXPECT_THAT(pooled.out, HasSubstr("1: pool secret:  set (DEW_POOL_SECRET)"));
+  EXPECT_THAT(pooled.out, HasSubstr("1: pool secret:  set (DEW_POOL_SECRET, 64 hex digits)"));
   EXPECT_THAT(pooled.out, HasSubstr("process_id=1)"));
 
   const auto pmix = cluster().srun({"--mpi=pmix", "-N2", "-n2", "-l", dew_exe(), "env"}, {}, 30s);

@@ -260,7 +260,7 @@ TEST(SrunDewPool, DevicesPerProcessWithoutGpusFailsBeforeExec) {
   const auto marker = marker_path("no-gpus");
   auto r = cluster().srun({"--dew-pool", "--dew-devices-per-process=1", "-N1", "-n2", "touch", marker}, {}, 30s);
   EXPECT_NE(r.exit_code, 0) << describe(r);
-  EXPECT_THAT(r.err, HasSubstr("needs GPUs [0, 1) with 1 devices per process, but this node has 0 GPUs"));
+  EXPECT_THAT(r.err, HasSubstr("needs GPUs [0, 1) with 1 device per process, but this node has 0 GPUs"));
   EXPECT_FALSE(std::filesystem::exists(marker));
 }
 

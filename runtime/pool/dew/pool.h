@@ -99,12 +99,23 @@ Result<Settings> resolve_settings(const Environment& env, const JoinOptions& opt
 // What the pool's calls throw: the Error's line as what(), and its code.
 class PoolError : public std::runtime_error {
  public:
-  explicit PoolError(const Error& error) : std::runtime_error(error.message), code_(error.code) {}
+  explicit PoolError(const Error& error, std::vector<int> late_ranks = {})
+      : std::runtime_error(error.message), code_(error.code), late_ranks_(std::move(late_ranks)) {}
   ErrorCode code() const { return code_; }
+  // For an agreement or gather that ran out of patience: the processes that
+  // never arrived. Left uncaught, the pool fails because of them: every
+  // process ends as their peer (kPeerFailedExitCode), naming the first.
+  const std::vector<int>& late_ranks() const { return late_ranks_; }
 
  private:
   ErrorCode code_;
+  std::vector<int> late_ranks_;
 };
+
+// Why `secret` cannot be a pool's DEW_POOL_SECRET (one line naming its
+// length and what is allowed: 64 hex digits, as srun --dew-pool and dew
+// launch draw them), or "" when it can.
+std::string pool_secret_problem(std::string_view secret);
 
 // What join() would resolve here, without joining: the identity with PMIx's
 // answers filled in (PMIx_Init, when a PMIx server is there) and this host's

@@ -34,7 +34,7 @@ TEST_P(AttentionPool, BothExchangesMatchWholeSequenceAttention) {
         std::map<std::string, std::string>{{"DEW_PROCESS_ID", std::to_string(rank)},
                                            {"DEW_PROCESS_COUNT", std::to_string(processes)},
                                            {"DEW_COORDINATOR_ADDRESS", "127.0.0.1:" + port},
-                                           {"DEW_POOL_SECRET", "attention-test-secret"},
+                                           {"DEW_POOL_SECRET", std::string(64, 'e')},
                                            {"OPENBLAS_NUM_THREADS", "1"}}));
   }
   const int n = processes * devices;
@@ -67,7 +67,7 @@ TEST(AttentionPoolFailure, AKilledProcessEndsItsPeersMidExchange) {
         std::map<std::string, std::string>{{"DEW_PROCESS_ID", std::to_string(rank)},
                                            {"DEW_PROCESS_COUNT", "3"},
                                            {"DEW_COORDINATOR_ADDRESS", "127.0.0.1:" + port},
-                                           {"DEW_POOL_SECRET", "attention-test-secret"},
+                                           {"DEW_POOL_SECRET", std::string(64, 'e')},
                                            {"OPENBLAS_NUM_THREADS", "1"}}));
   }
   auto describe = [&ranks] {

@@ -93,8 +93,8 @@ TEST(AttentionCheckCommandTest, BadValuesAreOneLineErrors) {
       {{"--exchange", "ring"},
        "dew attention-check: --exchange: 'ring' is not allowed; allowed: both, auto, all-to-all, gather\n"},
       {{"--mesh", "tensor=3"},
-       "[0] --mesh tensor=3 over 1 device (1 process x 1): mesh spec: tensor=3 multiply to 3, which does not "
-       "divide the 1 devices"},
+       "[0] --mesh tensor=3 over 1 device (1 process x 1): mesh spec: tensor=3 asks for 3 devices, which does not "
+       "divide the 1 device"},
       {{"--mesh", "tensor=2,sequence=2", "--devices-per-process", "4", "--heads", "6", "--kv-heads", "3"},
        "[0] --kv-heads: '3' is not allowed; allowed: key heads that divide by the tensor axis (2)\n"},
       {{"--mask", "diagonal"}, "[0] mask: 'diagonal' is not allowed; allowed: none, causal, documents"},

@@ -58,6 +58,7 @@ TEST(BindGpus, TooFewGpusGivesTheCounts) {
 TEST(BindGpus, NoGpusAtAllWithDevicesPerProcess) {
   const auto message = dew::testing::invalid_argument_of(bind_gpus(input(std::nullopt, 0, 1, 1)));
   EXPECT_THAT(message, HasSubstr("this node has 0 GPUs"));
+  EXPECT_THAT(message, HasSubstr("with 1 device per process")) << "one device, not 'devices'";
   EXPECT_THAT(message, HasSubstr("CUDA_VISIBLE_DEVICES unset"));
   dew::testing::invalid_argument_of(bind_gpus(input("NoDevFiles", 0, 1, 1)));
 }

@@ -52,6 +52,22 @@ TEST(Hex, EncodesBytesAndDrawsRandomText) {
   EXPECT_NE(a.value(), b.value());
 }
 
+TEST(Text, CountsTakeTheirNounsNumber) {
+  EXPECT_EQ(counted(1, "task"), "1 task");
+  EXPECT_EQ(counted(0, "GPU"), "0 GPUs");
+  EXPECT_EQ(counted(2, "process", "processes"), "2 processes");
+  EXPECT_EQ(counted(1, "process", "processes"), "1 process");
+}
+
+TEST(Text, APoolSecretIs64HexDigits) {
+  EXPECT_TRUE(is_pool_secret(std::string(64, 'a')));
+  EXPECT_TRUE(is_pool_secret("5f0c3a0e8d2b4f6a9c1e7d3b5a8f2c4e6b9d1a3c5e7f9b2d4a6c8e0f1a3b5C7D"));
+  for (const std::string& bad : {std::string("abc"), std::string(63, 'a'), std::string(65, 'a'),
+                                std::string(63, 'a') + "g", std::string()}) {
+    EXPECT_FALSE(is_pool_secret(bad)) << bad;
+  }
+}
+
 TEST(Median, OddEvenAndSummary) {
   EXPECT_EQ(median({3, 1, 2}), 2);
   EXPECT_EQ(median({4, 1, 3, 2}), 2.5);

@@ -159,7 +159,7 @@ TEST(ResolveShapeTest, SizesThatDoNotFitTheDevicesAreRefusedWithTheNumbers) {
             "mesh spec: data=2 x fsdp=2 multiply to 4, but there are 8 devices; the sizes must multiply to the "
             "device count");
   EXPECT_EQ(resolve_shape(parse_mesh_spec("fsdp=3").value(), 8).error().message,
-            "mesh spec: fsdp=3 multiply to 3, which does not divide the 8 devices; data takes the devices left "
+            "mesh spec: fsdp=3 asks for 3 devices, which does not divide the 8 devices; data takes the devices left "
             "over, so the other axes must multiply to a divisor of 8");
   EXPECT_EQ(resolve_shape(parse_mesh_spec("fsdp=4,tensor=4").value(), 8).error().message,
             "mesh spec: fsdp=4 x tensor=4 multiply to 16, which does not divide the 8 devices; data takes the "

@@ -124,6 +124,20 @@ TEST(Join, AProcessZeroStoppedDuringTheJoinsAgreementEndsItsPeersAtTheTimeout) {
   pool.ranks[0]->signal(SIGKILL);
 }
 
+TEST(Join, ARankThatNeverJoinsIsNamedByEveryOtherOnce) {
+  LocalPool pool(3, {"join"}, {{"DEW_JOIN_TIMEOUT_SECONDS", "3"}});
+  pool.ranks[2]->signal(SIGKILL);  // never joins
+  EXPECT_EQ(pool.ranks[0]->wait(20s), dew::kPeerFailedExitCode) << pool.describe();
+  EXPECT_EQ(pool.ranks[1]->wait(20s), dew::kPeerFailedExitCode) << pool.describe();
+  for (int r : {0, 1}) {
+    EXPECT_THAT(pool.ranks[static_cast<std::size_t>(r)]->err(),
+                HasSubstr("[" + std::to_string(r) + "] ending: process 2 failed: process 2 never joined the pool "
+                          "within 3 s (DEW_JOIN_TIMEOUT_SECONDS)"))
+        << pool.describe();
+  }
+  EXPECT_THAT(pool.all_output(), ::testing::Not(HasSubstr("error:")));
+}
+
 TEST(Join, AHostThatDoesNotResolveIsAnErrorAtOnce) {
   auto rank = joiner(1, 2, 1, "20", {{"DEW_COORDINATOR_ADDRESS", "no-such-host.invalid:29500"}});
   EXPECT_EQ(rank->wait(40s), dew::kJoinFailedExitCode) << rank->err();

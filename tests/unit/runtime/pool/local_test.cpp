@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "auth.h"
+#include "dew/exit_status.h"
 #include "local_pool.h"
 #include "wire.h"
 
@@ -105,8 +106,16 @@ TEST(LocalPool, AStalledRankIsNamedWhenTheAgreementRunsOutOfPatience) {
   LocalPool pool(4, {"stall", "2", "15"}, {{"DEW_FAILURE_GRACE_SECONDS", "1"}});
   const auto codes = pool.wait_all(10s);
   for (int code : codes) EXPECT_NE(code, -1) << "a rank was still running after 10 s\n" << pool.describe();
-  EXPECT_EQ(codes[2], 75) << pool.describe();
-  EXPECT_THAT(pool.all_output(), HasSubstr("agreement 'checkpoint' ran out of patience after 2 s: process 2 never arrived"));
+  // The late rank failed the pool: everyone ends as its peer, naming it;
+  // process 0 published it once for the pool (no rank calls it its own error).
+  EXPECT_EQ(codes, std::vector<int>({75, 75, 75, 75})) << pool.describe();
+  for (int r : {0, 1, 3}) {
+    EXPECT_THAT(pool.ranks[static_cast<std::size_t>(r)]->err(),
+                HasSubstr("[" + std::to_string(r) + "] ending: process 2 failed: uncaught exception: agreement "
+                          "'checkpoint' ran out of patience after 2 s: process 2 never arrived"))
+        << pool.describe();
+  }
+  EXPECT_THAT(pool.all_output(), Not(HasSubstr("error:")));
   EXPECT_THAT(pool.all_output(), Not(HasSubstr("AGREED")));
 }
 
@@ -167,7 +176,7 @@ TEST(LocalPool, StrangersAreRefusedAndThePoolGoesOn) {
   // A real process with the wrong secret: refused with a line saying why.
   Spawned stranger({worker(), "join"}, {{"DEW_PROCESS_ID", "1"}, {"DEW_PROCESS_COUNT", "4"},
                                         {"DEW_COORDINATOR_ADDRESS", "127.0.0.1:" + std::to_string(pool.port)},
-                                        {"DEW_POOL_SECRET", "0000"}, {"DEW_JOIN_TIMEOUT_SECONDS", "5"}});
+                                        {"DEW_POOL_SECRET", std::string(64, '0')}, {"DEW_JOIN_TIMEOUT_SECONDS", "5"}});
   EXPECT_NE(stranger.wait(20s), 0);
   EXPECT_THAT(stranger.err(), HasSubstr("refused process 1: wrong MAC"));
 
@@ -215,16 +224,30 @@ TEST(LocalPool, CompileCacheKeyIsSharedOnlyWhenEveryFingerprintMatches) {
     EXPECT_EQ(pool.wait_all(30s), std::vector<int>({0, 0, 0, 0})) << pool.describe();
     for (auto& rank : pool.ranks) EXPECT_THAT(rank->out(), HasSubstr("KEY none"));
     EXPECT_THAT(pool.ranks[0]->err(), HasSubstr("compile cache off"));
-    EXPECT_THAT(pool.ranks[0]->err(), HasSubstr("process 2 differs from process 0: gpu.0=H100 sm_90, platform=cuda"));
+    // Both sides of the difference.
+    EXPECT_THAT(pool.ranks[0]->err(), HasSubstr("process 2 differs from process 0: gpu.0=H100 sm_90, platform=cuda "
+                                                "against process 0's "));
+    EXPECT_THAT(pool.ranks[0]->err(), HasSubstr("platform=cpu"));
   }
 }
 
 TEST(StepWatchdog, EndsAStepThatOutlivesItsBound) {
-  Spawned process({worker(), "watchdog", "300"});
+  // Not joined, but started as rank 3 (srun, dew launch): the line says so;
+  // a bound under a second is printed in milliseconds, not as "0s".
+  Spawned process({worker(), "watchdog", "300"}, {{"SLURM_PROCID", "3"}});
   EXPECT_EQ(process.wait(20s), 124) << process.err();
   EXPECT_THAT(process.out(), HasSubstr("STEP 1 done"));
   EXPECT_THAT(process.out(), Not(HasSubstr("STEP 2 done")));
-  EXPECT_THAT(process.err(), HasSubstr("error: step 2 ran longer than its bound"));
+  EXPECT_THAT(process.err(),
+              HasSubstr("[3] error: step 2 ran longer than its bound of 300 ms (StepWatchdog, DEW_WATCHDOG)"));
+}
+
+TEST(LocalPool, ASecretThatIsNot64HexDigitsIsRefusedBeforeJoining) {
+  Spawned process({worker(), "join"}, {{"DEW_PROCESS_ID", "1"}, {"DEW_PROCESS_COUNT", "2"},
+                                       {"DEW_COORDINATOR_ADDRESS", "127.0.0.1:1"}, {"DEW_POOL_SECRET", "abc"}});
+  EXPECT_EQ(process.wait(20s), dew::kJoinFailedExitCode) << process.err();
+  EXPECT_THAT(process.err(), HasSubstr("[1] error: cannot join the pool: DEW_POOL_SECRET has 3 characters; allowed: 64 "
+                                       "hex digits"));
 }
 
 TEST(LocalPool, MalformedVariablesAreNamed) {

@@ -63,6 +63,13 @@ int exchange(Pool& pool) {
   return 0;
 }
 
+// The benchmarks time a failure from this line (wall clock: another
+// process reads it).
+void failing_now() {
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  line("FAILING at " + std::to_string(std::chrono::duration_cast<std::chrono::nanoseconds>(now).count()));
+}
+
 // Steps of one agreement each; `at_step3` runs on `rank` at step 3.
 template <typename F>
 int steps(Pool& pool, int rank, F at_step3) {
@@ -170,19 +177,23 @@ int main(int argc, char** argv) {
   if (scenario == "gather") return gather(pool, static_cast<std::size_t>(std::stoll(argv[2])), arg(3));
   if (scenario == "throw") {
     steps(pool, arg(2), [&] {
-      // The benchmark times from this line (wall clock: other processes read it).
-      const auto now = std::chrono::system_clock::now().time_since_epoch();
-      line("FAILING at " + std::to_string(std::chrono::duration_cast<std::chrono::nanoseconds>(now).count()));
+      failing_now();
       throw std::runtime_error("boom from rank " + std::to_string(pool.rank()));
     });
   }
   if (scenario == "fail") {
-    steps(pool, arg(2), [&] { pool.fail("data loader raised on rank " + std::to_string(pool.rank()), arg(3)); });
+    steps(pool, arg(2), [&] {
+      failing_now();
+      pool.fail("data loader raised on rank " + std::to_string(pool.rank()), arg(3));
+    });
   }
   if (scenario == "crash") {
     // A real SIGSEGV, sent rather than caused: UBSan would stop a null store
     // first, and the handler is the same either way.
-    steps(pool, arg(2), [&] { kill(getpid(), SIGSEGV); });
+    steps(pool, arg(2), [&] {
+      failing_now();
+      kill(getpid(), SIGSEGV);
+    });
   }
   if (scenario == "steps") steps(pool, -1, [] {});
   if (scenario == "stall") {

@@ -1,0 +1,113 @@
+// Any bytes as what a connection sends a real coordination service: one
+// service (a pool of two, this process hosting it) on a loopback port, and
+// each input on a fresh connection, first as a stranger (input byte 0 even)
+// or as process 1 after a real handshake (odd), then the rest of the input
+// as it comes. The service must answer the challenge, survive every input,
+// and close each connection once its client is done; ASan and UBSan watch
+// its thread the whole time.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "auth.h"
+#include "coordination.h"
+#include "frame_reader.h"
+#include "fuzz_check.h"
+#include "wire.h"
+
+namespace {
+
+namespace wire = dew::runtime::wire;
+const std::string kSecret(64, 'f');
+
+std::string& last_log() {
+  static std::string line;
+  return line;
+}
+
+std::uint16_t service_port() {
+  static std::unique_ptr<dew::runtime::CoordinationService> service = [] {
+    dew::runtime::ServiceConfig config;
+    config.size = 2;
+    config.secret = kSecret;
+    config.heartbeat_timeout = std::chrono::hours(1);  // no heartbeats needed from the fuzzer
+    config.log = [](const std::string& line) { last_log() = line; };
+    auto started = dew::runtime::CoordinationService::start(config);
+    FUZZ_CHECK(started.ok());
+    return std::move(started.value());
+  }();
+  return service->port();
+}
+
+int connect_to_service() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(service_port());
+  FUZZ_CHECK(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
+  timeval limit{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+  return fd;
+}
+
+void send_all(int fd, std::string_view bytes) {
+  while (!bytes.empty()) {
+    const ssize_t n = ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // the service closed it: allowed
+    bytes.remove_prefix(static_cast<std::size_t>(n));
+  }
+}
+
+// Process 1's half of the handshake; false if the service refused it.
+bool authenticate(int fd, dew::runtime::FrameReader& frames, const std::string& nonce) {
+  const std::string client_nonce = dew::runtime::auth::random_nonce();
+  send_all(fd, wire::encode(wire::Frame{wire::Type::kHello,
+                                        {wire::encode_u64(1), wire::encode_u64(2), client_nonce,
+                                         dew::runtime::auth::hello_mac(kSecret, nonce, 1, 2)}}));
+  std::string error;
+  auto welcome = frames.next(error);
+  FUZZ_CHECK(welcome.has_value());
+  return welcome->type == wire::Type::kWelcome;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  if (size == 0) return 0;
+  FUZZ_CHECK(dew::runtime::auth::ready());
+  const int fd = connect_to_service();
+  dew::runtime::FrameReader frames(fd, std::size_t{1} << 30);
+  std::string error;
+  auto challenge = frames.next(error);
+  FUZZ_CHECK(challenge.has_value() && challenge->type == wire::Type::kChallenge);
+  if ((data[0] & 1) != 0) authenticate(fd, frames, challenge->items[0]);
+  send_all(fd, std::string_view(reinterpret_cast<const char*>(data + 1), size - 1));
+  // Done sending: the service must close the connection (at once, or after
+  // a refusal's 100 ms), whatever it was sent.
+  ::shutdown(fd, SHUT_WR);
+  char sink[4096];
+  ssize_t n = 0;
+  while ((n = ::recv(fd, sink, sizeof sink, 0)) > 0 || (n < 0 && errno == EINTR)) {
+  }
+  if (!(n == 0 || errno == ECONNRESET)) {
+    std::fprintf(stderr, "recv: %s; the service's last line: %s\n", std::strerror(errno), last_log().c_str());
+  }
+  FUZZ_CHECK(n == 0 || errno == ECONNRESET);
+  // Reset rather than linger in TIME_WAIT: thousands of inputs a second
+  // would use up the ephemeral ports.
+  linger reset{1, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+  ::close(fd);
+  return 0;
+}

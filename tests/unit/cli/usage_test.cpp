@@ -1,0 +1,73 @@
+// The dew command's answers to what users get wrong: an unknown command, a
+// launch without its command, a secret that is not one, a topology "file"
+// that never ends, a call too large to count in 64 bits.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "process.h"
+#include "test_paths.h"
+
+namespace dew::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+RunResult dew(std::vector<std::string> args, std::map<std::string, std::string> env = {}) {
+  args.insert(args.begin(), dew_exe());
+  return run(args, env, std::chrono::seconds(60));
+}
+
+TEST(Usage, AnUnknownCommandIsNamedWithTheAllowedOnes) {
+  auto r = dew({"bogus"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "dew: 'bogus' is not a dew command; allowed: topo, mesh, env, attention-plan, attention-check, "
+                   "launch (dew --help lists them)\n");
+}
+
+TEST(Usage, ALaunchWithNothingAfterTheSeparatorSaysSo) {
+  for (const std::vector<std::string>& args : {std::vector<std::string>{"launch", "--"},
+                                              std::vector<std::string>{"launch", "--hosts", "a", "b", "--"}}) {
+    auto r = dew(args);
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_THAT(r.err, HasSubstr("dew launch: no command: give it after --")) << r.err;
+    EXPECT_THAT(r.err, Not(HasSubstr("--hosts at --"))) << "nothing to blame --hosts for";
+  }
+}
+
+TEST(Usage, EnvSaysASecretThatIsNotOneIsNotUsable) {
+  const std::map<std::string, std::string> pool = {
+      {"DEW_PROCESS_ID", "1"}, {"DEW_PROCESS_COUNT", "2"}, {"DEW_COORDINATOR_ADDRESS", "127.0.0.1:29500"}};
+  auto env = pool;
+  env["DEW_POOL_SECRET"] = "abc";
+  auto r = dew({"env"}, env);
+  EXPECT_THAT(r.out, HasSubstr("pool secret:  not usable: DEW_POOL_SECRET has 3 characters; allowed: 64 hex digits"))
+      << r.out;
+  env["DEW_POOL_SECRET"] = std::string(64, 'c');
+  r = dew({"env"}, env);
+  EXPECT_THAT(r.out, HasSubstr("pool secret:  set (DEW_POOL_SECRET, 64 hex digits)")) << r.out;
+}
+
+TEST(Usage, TopoOfAnEndlessDeviceStopsAtTheLimit) {
+  auto r = dew({"topo", "--topology", "/dev/zero"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_THAT(r.err, HasSubstr("/dev/zero: more than 64 MiB read, which is too large for a topology file"));
+}
+
+TEST(Usage, AttentionPlanCountsBytesPast64Bits) {
+  // The largest allowed sizes: the all-to-all's bytes need about 2^68.
+  auto r = dew({"attention-plan", "--heads", "1048576", "--kv-heads", "1", "--length", "1073741824", "--sequence", "2",
+                "--head-dim", "65536", "--bytes-per-value", "8"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("all-to-all  1.04858e+06 units, 295148468129306247168 bytes")) << r.out;
+  EXPECT_THAT(r.out, Not(::testing::ContainsRegex(" -[0-9]"))) << "no negative counts";
+  // The overflow once made the all-to-all look cheaper: the gather is.
+  EXPECT_THAT(r.out, ::testing::StartsWith("exchange  gather\n"));
+}
+
+}  // namespace
+}  // namespace dew::testing
