@@ -124,12 +124,8 @@ pmix_status_t fence_within(const pmix_proc_t& all, const pmix_info_t* info, std:
   return status;
 }
 
-}  // namespace
-
-Result<std::vector<std::string>> PmixSession::all_gather(const std::string& bytes, std::chrono::milliseconds timeout) {
-  // A fresh key per round: PMIx keeps every committed value, and a reused
-  // key could return an earlier round's bytes (NVSHMEM's bootstrap does so).
-  const std::string key = "dew.gather." + std::to_string(round_++);
+// Put and Commit of `bytes` under `key`, for every process of the job.
+Result<Done> post(const std::string& key, const std::string& bytes) {
   pmix_value_t value;
   PMIX_VALUE_CONSTRUCT(&value);
   value.type = PMIX_BYTE_OBJECT;
@@ -139,6 +135,16 @@ Result<std::vector<std::string>> PmixSession::all_gather(const std::string& byte
   if (status != PMIX_SUCCESS) return unavailable("PMIx_Put: " + describe(status));
   status = PMIx_Commit();
   if (status != PMIX_SUCCESS) return unavailable("PMIx_Commit: " + describe(status));
+  return Done{};
+}
+
+}  // namespace
+
+Result<std::vector<std::string>> PmixSession::all_gather(const std::string& bytes, std::chrono::milliseconds timeout) {
+  // A fresh key per round: PMIx keeps every committed value, and a reused
+  // key could return an earlier round's bytes (NVSHMEM's bootstrap does so).
+  const std::string key = "dew.gather." + std::to_string(round_++);
+  if (auto posted = post(key, bytes); !posted.ok()) return posted.error();
 
   pmix_proc_t all;
   PMIX_PROC_CONSTRUCT(&all);
@@ -149,7 +155,7 @@ Result<std::vector<std::string>> PmixSession::all_gather(const std::string& byte
   const int seconds = static_cast<int>(std::min<long long>(std::max<long long>(timeout.count() / 1000, 1), 1 << 30));
   PMIX_INFO_LOAD(&info[0], PMIX_COLLECT_DATA, &collect, PMIX_BOOL);
   PMIX_INFO_LOAD(&info[1], PMIX_TIMEOUT, &seconds, PMIX_INT);
-  status = fence_within(all, info, 2, timeout);
+  pmix_status_t status = fence_within(all, info, 2, timeout);
   PMIX_INFO_DESTRUCT(&info[0]);
   PMIX_INFO_DESTRUCT(&info[1]);
   if (status != PMIX_SUCCESS) {
@@ -206,15 +212,7 @@ void get_done(pmix_status_t status, pmix_value_t* value, void* data) {
 Result<std::string> PmixSession::from_process_zero(const std::string& key, const std::string& bytes,
                                                    std::chrono::milliseconds timeout) {
   if (identity_.rank == 0) {
-    pmix_value_t value;
-    PMIX_VALUE_CONSTRUCT(&value);
-    value.type = PMIX_BYTE_OBJECT;
-    value.data.bo.bytes = const_cast<char*>(bytes.data());
-    value.data.bo.size = bytes.size();
-    pmix_status_t status = PMIx_Put(PMIX_GLOBAL, key.c_str(), &value);
-    if (status != PMIX_SUCCESS) return unavailable("PMIx_Put: " + describe(status));
-    status = PMIx_Commit();
-    if (status != PMIX_SUCCESS) return unavailable("PMIx_Commit: " + describe(status));
+    if (auto posted = post(key, bytes); !posted.ok()) return posted.error();
     return bytes;
   }
   pmix_proc_t zero;

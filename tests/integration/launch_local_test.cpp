@@ -1,35 +1,20 @@
 // `dew launch` on localhost with real processes: identities, output lines,
 // failures and signals, ports, devices, private folders, runtime pools.
-#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <pwd.h>
 #include <signal.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <chrono>
 #include <filesystem>
-#include <fstream>
-#include <map>
 #include <regex>
 #include <set>
 #include <sstream>
-#include <thread>
 
-#include "dew/launch_plan.h"
 #include "launch_helpers.h"
-#include "slurm_cluster.h"
 #include "srun_output.h"
-
-extern char** environ;
 
 namespace dew::testing {
 namespace {
 
-using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
 using ::testing::Not;

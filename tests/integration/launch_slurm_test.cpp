@@ -1,35 +1,17 @@
 // `dew launch --slurm` on the two-node test cluster, with and without the
 // SPANK plugin.
-#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <pwd.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <chrono>
-#include <filesystem>
-#include <fstream>
-#include <map>
 #include <regex>
-#include <set>
-#include <sstream>
-#include <thread>
 
-#include "dew/launch_plan.h"
 #include "launch_helpers.h"
 #include "slurm_cluster.h"
 #include "srun_output.h"
 
-extern char** environ;
-
 namespace dew::testing {
 namespace {
 
-using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
 using ::testing::Not;

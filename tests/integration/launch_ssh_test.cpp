@@ -1,30 +1,15 @@
 // `dew launch` through a real sshd on a loopback port, started by the test
 // with its own host key and an authorized key of its own.
-#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <pwd.h>
-#include <signal.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <chrono>
-#include <filesystem>
-#include <fstream>
-#include <map>
-#include <regex>
 #include <set>
-#include <sstream>
-#include <thread>
 
-#include "dew/launch_plan.h"
 #include "launch_helpers.h"
-#include "slurm_cluster.h"
 #include "srun_output.h"
-
-extern char** environ;
 
 namespace dew::testing {
 namespace {

@@ -61,16 +61,16 @@ TEST(CoordinationService, RunningOutOfFileDescriptorsDoesNotSpinOrFloodTheLog) {
     // Process 0 with 64 file descriptors, as under a low `ulimit -n`.
     const std::string limit = rank == 0 ? "ulimit -n 64; " : "";
     ranks.push_back(std::make_unique<dew::testing::Spawned>(
-        std::vector<std::string>{"sh", "-c", limit + "exec \"$0\" hold 6", dew::testing::worker()}, env));
+        std::vector<std::string>{"sh", "-c", limit + "exec \"$0\" hold 4", dew::testing::worker()}, env));
   }
   ASSERT_TRUE(ranks[0]->wait_for_output("READY", 20s)) << ranks[0]->err() << ranks[1]->err();
   std::vector<std::unique_ptr<dew::testing::RawClient>> idle;
   for (int i = 0; i < 100; ++i) idle.push_back(std::make_unique<dew::testing::RawClient>(port));
-  std::this_thread::sleep_for(500ms);
+  std::this_thread::sleep_for(300ms);
   const double before = cpu_seconds(ranks[0]->pid());
-  std::this_thread::sleep_for(2s);
+  std::this_thread::sleep_for(1500ms);
   const double used = cpu_seconds(ranks[0]->pid()) - before;
-  EXPECT_LT(used, 0.5) << "process 0 used " << used << " CPU seconds in 2 s with its descriptors gone";
+  EXPECT_LT(used, 0.4) << "process 0 used " << used << " CPU seconds in 1.5 s with its descriptors gone";
   idle.clear();
   EXPECT_EQ(ranks[0]->wait(30s), 0) << ranks[0]->err();
   EXPECT_EQ(ranks[1]->wait(30s), 0) << ranks[1]->err();
