@@ -25,6 +25,10 @@ void add_attention_check_command(CLI::App& app);
 // launch_supervisor.cpp).
 void add_launch_command(CLI::App& app);
 
+// `dew worker`: the distribution worker, a small transformer trained over this
+// pool's layout (worker_command.cpp).
+void add_worker_command(CLI::App& app);
+
 // A subcommand's body, run from its CLI11 callback: its lines start with
 // "dew <name>: ", an exception that escapes it is one line (exit 1), and a
 // non-zero code it returns is the process's exit code as it is.

@@ -95,17 +95,8 @@ std::string gbps(double value) {
   return buffer;
 }
 
-std::string shape_text(const mesh::MeshShape& shape) {
-  std::string out;
-  for (int a = 0; a < mesh::kAxisCount; ++a) {
-    if (shape[a] > 1)
-      out += (out.empty() ? "" : " ") + std::string(mesh::kMeshAxes[a]) + "=" + std::to_string(shape[a]);
-  }
-  return out.empty() ? "one device" : out;
-}
-
 void print_text(const mesh::Mesh& mesh, std::ostream& out) {
-  out << "mesh      " << shape_text(mesh.shape) << " (" << mesh.devices.size()
+  out << "mesh      " << mesh::format_mesh_shape(mesh.shape) << " (" << mesh.devices.size()
       << " devices), replicas=" << mesh.replicas << "\n";
   out << "layout    " << mesh::layout_name(mesh.layout);
   if (mesh.layout == mesh::Layout::kExplicit) {
@@ -114,7 +105,7 @@ void print_text(const mesh::Mesh& mesh, std::ostream& out) {
     std::string names;
     for (const auto& name : mesh.granules) names += (names.empty() ? "" : " ") + name;
     out << " (" << (mesh.exact ? "exact" : "heuristic") << " placement): " << mesh.granules.size()
-        << (mesh.granules.size() == 1 ? " granule" : " granules") << " of " << shape_text(mesh.granule_shape) << " ("
+        << (mesh.granules.size() == 1 ? " granule" : " granules") << " of " << mesh::format_mesh_shape(mesh.granule_shape) << " ("
         << names << ")\n";
   }
   out << "devices   " << list(mesh.devices) << "\n";

@@ -249,4 +249,12 @@ Result<MeshShape> resolve_shape(const MeshSpec& spec, int devices) {
   return shape;
 }
 
+std::string format_mesh_shape(const MeshShape& shape) {
+  std::string out;
+  for (int a = 0; a < kAxisCount; ++a) {
+    if (shape[a] > 1) out += (out.empty() ? "" : " ") + std::string(kMeshAxes[a]) + "=" + std::to_string(shape[a]);
+  }
+  return out.empty() ? "one device" : out;
+}
+
 }  // namespace dew::mesh

@@ -48,6 +48,9 @@ Result<MeshSpec> parse_mesh_spec_pairs(std::string_view text);
 // parse_mesh_spec reads it back to the same spec.
 std::string format_mesh_spec(const MeshSpec& spec);
 
+// "data=4 fsdp=2": the axes of size > 1 in MESH_AXES order; "one device".
+std::string format_mesh_shape(const MeshShape& shape);
+
 // The sizes for `devices` devices: unset axes 1, data the rest. Errors when
 // the sizes do not multiply to the device count.
 Result<MeshShape> resolve_shape(const MeshSpec& spec, int devices);

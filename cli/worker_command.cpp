@@ -1,0 +1,124 @@
+// `dew worker`: the design page's distribution worker. Every process of a
+// pool runs it (under dew launch, srun --dew-pool, srun --mpi=pmix, or alone
+// with several CPU devices); it trains the small transformer of dew/train.h
+// over the layout --mesh gives, prints a line per step from process 0 and
+// writes --out (the losses, the fsdp groups, the mesh) atomically.
+#include <cblas.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+
+#include "commands.h"
+#include "dew/log.h"
+#include "dew/pool.h"
+#include "dew/text.h"
+#include "dew/train.h"
+
+namespace dew::cli {
+namespace {
+
+struct WorkerArgs {
+  train::WorkerOptions options;
+  std::string dtype = "fp32";
+  std::string out;
+};
+
+// The whole file or nothing: a temporary file beside it, then a rename.
+Result<Done> write_atomically(const std::string& path, const std::string& text) {
+  const std::string temporary = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) return system_error("--out: cannot write " + temporary);
+  }
+  std::error_code error;
+  std::filesystem::rename(temporary, path, error);
+  if (error) return system_error("--out: cannot rename " + temporary + " to " + path + ": " + error.message());
+  return Done{};
+}
+
+std::string progress_line(const train::StepRecord& s, int steps, int tokens) {
+  char line[160];
+  std::snprintf(line, sizeof line, "step %d/%d: loss %.6f, %.3f s, %.0f tokens/s", s.step, steps, s.loss, s.seconds,
+                s.seconds > 0 ? tokens / s.seconds : 0.0);
+  return line;
+}
+
+std::string groups_text(const std::vector<std::vector<int>>& groups) {
+  std::string out = "[";
+  for (std::size_t g = 0; g < groups.size(); ++g) out += (g ? ", [" : "[") + join(groups[g], ", ") + "]";
+  return out + "]";
+}
+
+int run(WorkerArgs& a) {
+  if (a.dtype != "fp32" && a.dtype != "fp64") return report(not_allowed("--dtype", a.dtype, "fp32 or fp64"), 2);
+  a.options.dtype = a.dtype == "fp64" ? train::Dtype::kFloat64 : train::Dtype::kFloat32;
+  // Devices are threads: one OpenBLAS thread each, as one accelerator each.
+  openblas_set_num_threads(1);
+  std::optional<runtime::Pool> joined;
+  try {
+    joined.emplace(runtime::join());
+  } catch (const runtime::PoolError& e) {
+    return report(Error{e.code(), e.what()});
+  }
+  runtime::Pool& pool = *joined;
+  auto layout = train::plan_layout(a.options, pool.size());
+  if (!layout.ok()) return report(layout.error(), 2);
+  const int tokens = a.options.batch * a.options.model.length;
+  if (pool.rank() == 0) {
+    const mesh::Mesh& m = layout.value();
+    log_info("mesh " + mesh::format_mesh_shape(m.shape) + " over " +
+             counted(pool.size() * a.options.devices_per_process, "device") + " (" +
+             counted(pool.size(), "process", "processes") + " x " + std::to_string(a.options.devices_per_process) +
+             "), replicas=" + std::to_string(m.replicas) + "; fsdp groups " +
+             groups_text(m.groups[static_cast<int>(mesh::Axis::kFsdp)].processes));
+  }
+  auto result = train::run_worker(pool, a.options, [&](const train::StepRecord& s) {
+    log_info(progress_line(s, a.options.steps, tokens));
+  });
+  if (!result.ok()) return report(result.error());
+  if (pool.rank() == 0 && !a.out.empty()) {
+    if (auto written = write_atomically(a.out, train::report_json(result.value(), a.options)); !written.ok()) {
+      return report(written.error());
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_worker_command(CLI::App& app) {
+  auto a = std::make_shared<WorkerArgs>();
+  train::WorkerOptions& o = a->options;
+  CLI::App* command = app.add_subcommand(
+      "worker",
+      "Train a small transformer over this pool (every process runs it, e.g. under dew launch or srun "
+      "--dew-pool): the design page's distribution worker, on CPU devices");
+  command->add_option("--mesh", o.mesh,
+                      "MeshSpec over every device: {\"fsdp\": 2, \"replicas\": 2} or fsdp=2,replicas=2 (axes data, "
+                      "fsdp, tensor, sequence and replicas; default: data over every device)");
+  command->add_option("--devices-per-process", o.devices_per_process,
+                      "CPU devices per process, one thread each (default 1)");
+  command->add_option("--steps", o.steps, "Training steps (default 20)");
+  command->add_option("--batch", o.batch, "Sequences per step over the whole pool (default 8)");
+  command->add_option("--dtype", a->dtype, "fp32 or fp64 (default fp32; fp64 for exact comparisons)");
+  command->add_option("--seed", o.seed, "Seed of the model and the data (default 0)");
+  command->add_option("--learning-rate", o.learning_rate, "AdamW's learning rate (default 0.003)");
+  command->add_option("--out", a->out,
+                      "Write the losses, fsdp groups, mesh, exchange and step times to FILE as JSON (process 0, "
+                      "atomically)");
+  command->add_option("--vocab", o.model.vocab, "Vocabulary (default 64)");
+  command->add_option("--width", o.model.width, "Model width (default 32)");
+  command->add_option("--layers", o.model.layers, "Blocks (default 2)");
+  command->add_option("--heads", o.model.heads, "Query heads (default 4)");
+  command->add_option("--kv-heads", o.model.kv_heads, "Key/value heads (default 2)");
+  command->add_option("--mlp", o.model.mlp, "MLP hidden units (default 64)");
+  command->add_option("--length", o.model.length, "Positions per sequence (default 16)");
+  command->callback([a] { run_subcommand("worker", [&] { return run(*a); }); });
+}
+
+}  // namespace dew::cli

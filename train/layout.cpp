@@ -1,0 +1,112 @@
+// The worker's layout: the mesh over the pool's devices, checked against
+// the model and the batch before any process trains, and each device's place.
+#include "layout.h"
+
+#include <string>
+
+#include "dew/attention.h"
+#include "dew/comm.h"
+#include "dew/exchange.h"
+#include "dew/text.h"
+
+namespace dew::train {
+namespace {
+
+int size_of(const mesh::Mesh& m, mesh::Axis axis) { return m.shape[static_cast<int>(axis)]; }
+
+// The model's own rules, and how the axes divide it.
+Result<Done> check_model(const WorkerOptions& o, const mesh::Mesh& m) {
+  const ModelConfig& c = o.model;
+  const auto bad = [](const std::string& what) { return invalid_argument(what); };
+  if (c.vocab < 2 || c.width < 1 || c.layers < 1 || c.heads < 1 || c.kv_heads < 1 || c.mlp < 1 || c.length < 2) {
+    return bad("the model needs vocab >= 2, length >= 2 and width, layers, heads, kv heads and mlp >= 1");
+  }
+  if (c.width % c.heads != 0 || c.heads % c.kv_heads != 0) {
+    return bad("width " + std::to_string(c.width) + " and heads " + std::to_string(c.heads) + "/" +
+               std::to_string(c.kv_heads) + ": the width must divide by the heads and the heads by the kv heads");
+  }
+  const int data = size_of(m, mesh::Axis::kData), fsdp = size_of(m, mesh::Axis::kFsdp);
+  const int tensor = size_of(m, mesh::Axis::kTensor), sequence = size_of(m, mesh::Axis::kSequence);
+  if (o.batch < 1 || o.batch % (data * fsdp) != 0) {
+    return bad("--batch " + std::to_string(o.batch) + " does not split over data " + std::to_string(data) +
+               " x fsdp " + std::to_string(fsdp) + " = " + std::to_string(data * fsdp) +
+               " devices; allowed: a multiple of " + std::to_string(data * fsdp));
+  }
+  if (c.kv_heads % tensor != 0 || c.mlp % tensor != 0) {
+    return bad("tensor " + std::to_string(tensor) + " must divide the kv heads (" + std::to_string(c.kv_heads) +
+               ") and the mlp's units (" + std::to_string(c.mlp) + ")");
+  }
+  if (c.length % sequence != 0) {
+    return bad("the length " + std::to_string(c.length) + " does not split over sequence " + std::to_string(sequence) +
+               "; allowed: a multiple of " + std::to_string(sequence));
+  }
+  return Done{};
+}
+
+}  // namespace
+
+Result<mesh::Mesh> plan_layout(const WorkerOptions& o, int processes) {
+  if (o.devices_per_process < 1 || o.devices_per_process > 1024) {
+    return invalid_argument("--devices-per-process " + std::to_string(o.devices_per_process) +
+                            " is not allowed; allowed: a whole number from 1 to 1024");
+  }
+  if (o.steps < 1) return invalid_argument("--steps " + std::to_string(o.steps) + " is not allowed; allowed: 1 or more");
+  auto spec = o.mesh.empty() ? Result<mesh::MeshSpec>(mesh::MeshSpec{}) : mesh::parse_mesh_spec(o.mesh);
+  if (!spec.ok()) return spec.error().prefixed("--mesh: ");
+  for (auto axis : {mesh::Axis::kExpert, mesh::Axis::kStage}) {
+    const auto size = spec.value().sizes[static_cast<int>(axis)];
+    if (size && *size > 1) {
+      return unsupported("--mesh: " + std::string(mesh::kMeshAxes[static_cast<int>(axis)]) + "=" +
+                         std::to_string(*size) + ": the worker's model has no experts and no pipeline stages; " +
+                         "allowed: data, fsdp, tensor, sequence and replicas");
+    }
+  }
+  auto built = mesh::build_mesh(spec.value(), mesh::cpu_pool(processes, o.devices_per_process));
+  if (!built.ok()) {
+    return built.error().prefixed("--mesh over " + counted(processes * o.devices_per_process, "device") + " (" +
+                                  counted(processes, "process", "processes") + " x " +
+                                  std::to_string(o.devices_per_process) + "): ");
+  }
+  if (auto fits = check_model(o, built.value()); !fits.ok()) return fits.error();
+  const int sequence = size_of(built.value(), mesh::Axis::kSequence);
+  if (sequence > 1) {
+    attention::Call call;
+    call.heads = o.model.heads;
+    call.kv_heads = o.model.kv_heads;
+    call.query_length = call.key_length = o.model.length;
+    call.sequence = sequence;
+    call.tensor = size_of(built.value(), mesh::Axis::kTensor);
+    call.mask.kind = attention::MaskKind::kCausal;
+    call.head_dim = o.model.width / o.model.heads;
+    call.bytes_per_value = o.dtype == Dtype::kFloat64 ? 8 : 4;
+    call.gather_kernel = attention::GatherKernel::kSkipsMaskedBlocks;
+    if (auto plan = attention::choose_exchange(call); !plan.ok()) return plan.error().prefixed("--mesh: ");
+  }
+  return built;
+}
+
+Result<DevicePlace> place_of(const mesh::Mesh& m, const WorkerOptions& o, int device) {
+  DevicePlace p;
+  p.device = device;
+  const auto member = [&](mesh::Axis axis, AxisPlace& place) -> Result<Done> {
+    auto got = comm::axis_member(m, axis, device);
+    if (!got.ok()) return got.error();
+    place = AxisPlace{got.value().rank, got.value().size};
+    return Done{};
+  };
+  for (auto [axis, place] : {std::pair{mesh::Axis::kData, &p.data}, std::pair{mesh::Axis::kFsdp, &p.fsdp},
+                             std::pair{mesh::Axis::kTensor, &p.tensor}, std::pair{mesh::Axis::kSequence, &p.sequence}}) {
+    if (auto r = member(axis, *place); !r.ok()) return r.error();
+  }
+  p.batch_rank = p.data.rank * p.fsdp.size + p.fsdp.rank;
+  p.sequences = o.batch / (p.data.size * p.fsdp.size);
+  p.first_sequence = p.batch_rank * p.sequences;
+  // The exchanges' own cut of the sequence (contiguous shards).
+  auto positions = attention::shard_positions(attention::Layout::kContiguous, o.model.length, p.sequence.size,
+                                              p.sequence.rank);
+  if (!positions.ok()) return positions.error();
+  p.positions = std::move(positions.value());
+  return p;
+}
+
+}  // namespace dew::train

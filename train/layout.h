@@ -1,0 +1,34 @@
+// Where one device sits in the worker's layout and what it holds: its rank
+// on every axis, its sequences of the batch and its positions of each.
+// Private to train/.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "dew/mesh.h"
+#include "dew/result.h"
+#include "dew/train.h"
+
+namespace dew::train {
+
+struct AxisPlace {
+  int rank = 0;
+  int size = 1;
+};
+
+struct DevicePlace {
+  int device = 0;  // its id in the mesh
+  AxisPlace data, fsdp, tensor, sequence;
+  // The batch is split over data x fsdp (data outer): this device's part.
+  int batch_rank = 0;
+  int first_sequence = 0;
+  int sequences = 1;
+  // Its positions of each sequence: contiguous shards of the sequence axis.
+  std::vector<std::int64_t> positions;
+};
+
+// The place of device `device` of `mesh` (plan_layout's).
+Result<DevicePlace> place_of(const mesh::Mesh& mesh, const WorkerOptions& options, int device);
+
+}  // namespace dew::train
