@@ -6,6 +6,7 @@
 #include <cblas.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -16,6 +17,7 @@
 #include "dew/pool.h"
 #include "dew/text.h"
 #include "dew/train.h"
+#include "dew/watchdog.h"
 
 namespace dew::cli {
 namespace {
@@ -24,7 +26,29 @@ struct WorkerArgs {
   train::WorkerOptions options;
   std::string dtype = "fp32";
   std::string out;
+  std::string watchdog;  // empty: DEW_WATCHDOG, else 30m
+  std::string cache_dir;  // empty: train::default_cache_dir(); "off": none
+  std::string drill;
 };
+
+// --dtype, --watchdog, --cache-dir and --drill into the options.
+Result<Done> resolve(WorkerArgs& a) {
+  if (a.dtype != "fp32" && a.dtype != "fp64") return not_allowed("--dtype", a.dtype, "fp32 or fp64");
+  a.options.dtype = a.dtype == "fp64" ? train::Dtype::kFloat64 : train::Dtype::kFloat32;
+  const char* inherited = std::getenv("DEW_WATCHDOG");
+  const std::string bound = !a.watchdog.empty() ? a.watchdog : inherited ? inherited : "30m";
+  auto watchdog = parse_watchdog(bound, a.watchdog.empty() && inherited ? "DEW_WATCHDOG" : "--watchdog");
+  if (!watchdog.ok()) return watchdog.error();
+  a.options.step_bound.reset();
+  if (watchdog.value()) a.options.step_bound = *watchdog.value();
+  a.options.cache_dir = a.cache_dir == "off" ? "" : a.cache_dir.empty() ? train::default_cache_dir() : a.cache_dir;
+  if (!a.drill.empty()) {
+    auto drill = train::parse_drill(a.drill);
+    if (!drill.ok()) return drill.error();
+    a.options.drill = drill.value();
+  }
+  return Done{};
+}
 
 // The whole file or nothing: a temporary file beside it, then a rename.
 Result<Done> write_atomically(const std::string& path, const std::string& text) {
@@ -55,8 +79,7 @@ std::string groups_text(const std::vector<std::vector<int>>& groups) {
 }
 
 int run(WorkerArgs& a) {
-  if (a.dtype != "fp32" && a.dtype != "fp64") return report(not_allowed("--dtype", a.dtype, "fp32 or fp64"), 2);
-  a.options.dtype = a.dtype == "fp64" ? train::Dtype::kFloat64 : train::Dtype::kFloat32;
+  if (auto resolved = resolve(a); !resolved.ok()) return report(resolved.error(), 2);
   // Devices are threads: one OpenBLAS thread each, as one accelerator each.
   openblas_set_num_threads(1);
   std::optional<runtime::Pool> joined;
@@ -76,6 +99,11 @@ int run(WorkerArgs& a) {
              counted(pool.size(), "process", "processes") + " x " + std::to_string(a.options.devices_per_process) +
              "), replicas=" + std::to_string(m.replicas) + "; fsdp groups " +
              groups_text(m.groups[static_cast<int>(mesh::Axis::kFsdp)].processes));
+  }
+  if (a.options.drill.kind != train::Drill::Kind::kNone && a.options.drill.rank >= pool.size()) {
+    return report(invalid_argument("--drill " + a.drill + ": there is no process " +
+                                   std::to_string(a.options.drill.rank) + " in a pool of " +
+                                   std::to_string(pool.size())), 2);
   }
   auto result = train::run_worker(pool, a.options, [&](const train::StepRecord& s) {
     log_info(progress_line(s, a.options.steps, tokens));
@@ -111,6 +139,23 @@ void add_worker_command(CLI::App& app) {
   command->add_option("--out", a->out,
                       "Write the losses, fsdp groups, mesh, exchange and step times to FILE as JSON (process 0, "
                       "atomically)");
+  command->add_option("--exchange", o.exchange,
+                      "The sequence axis's exchange: auto (the rule's pick), all-to-all or gather (default auto)");
+  command->add_option("--checkpoint-dir", o.checkpoint_dir,
+                      "Save checkpoints into DIR, a directory every process shares (checked before step 1)");
+  command->add_option("--checkpoint-every", o.checkpoint_every,
+                      "Save every N steps and after the last (with --checkpoint-dir; default 0: never)");
+  command->add_flag("--resume", o.resume,
+                    "Continue from the last complete checkpoint in --checkpoint-dir (any layout of the same model)");
+  command->add_option("--watchdog", a->watchdog,
+                      "Bound of one step (90s, 30m, off; default DEW_WATCHDOG, else 30m): a process stalled "
+                      "outside collectives past it fails the pool, naming itself");
+  command->add_option("--cache-dir", a->cache_dir,
+                      "Cache the tokenized dataset under the pool's compile-cache key in DIR, or off (default "
+                      "$DEW_CACHE_DIR/worker, $XDG_CACHE_HOME/dew/worker or ~/.cache/dew/worker)");
+  command->add_option("--drill", a->drill,
+                      "A failure on purpose: KIND@RANK:STEP, KIND loader-throws, stall-in-step, "
+                      "stall-before-checkpoint or crash-while-saving");
   command->add_option("--vocab", o.model.vocab, "Vocabulary (default 64)");
   command->add_option("--width", o.model.width, "Model width (default 32)");
   command->add_option("--layers", o.model.layers, "Blocks (default 2)");

@@ -1,18 +1,36 @@
 // One device's run of the worker, on its own thread: its communicators per
-// axis, its shards of the parameters and of AdamW's state, and the steps.
-// Private to train/.
+// axis, its shards of the parameters and of AdamW's state, the steps and the
+// checkpoints. Private to train/.
 #pragma once
 
+#include <barrier>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "data.h"
 #include "dew/mesh.h"
 #include "dew/pool.h"
 #include "dew/result.h"
 #include "dew/train.h"
+#include "stall_watch.h"
 
 namespace dew::train {
+
+// What the devices of one process share.
+struct ProcessRun {
+  runtime::Pool& pool;
+  const mesh::Mesh& mesh;
+  const WorkerOptions& options;
+  const Dataset& dataset;
+  StallWatch& watch;
+  std::barrier<>& devices;  // every device thread of this process
+  int start_step = 0;       // steps done before (a resumed run)
+  const std::vector<double>* resumed_state = nullptr;  // the checkpoint's state (checkpoint.h)
+  std::vector<double> earlier_losses;                   // its losses
+  std::function<void(const StepRecord&)> progress;      // process 0 only
+  std::vector<double>* gradient = nullptr;              // capture_gradient: canonical, filled by the writers
+};
 
 struct DeviceResult {
   std::vector<StepRecord> steps;  // every step's loss (the same on every device), time and split
@@ -21,9 +39,7 @@ struct DeviceResult {
   std::int64_t state_bytes = 0;  // parameter + optimizer shards this device holds
 };
 
-// Trains device `device` (one of this process's) for every step; `progress`
-// is called after each step (device 0 of process 0 passes one).
-Result<DeviceResult> train_device(runtime::Pool& pool, const mesh::Mesh& mesh, const WorkerOptions& options,
-                                  int device, const std::function<void(const StepRecord&)>& progress);
+// Trains this process's device `local_device` for every step.
+Result<DeviceResult> train_device(ProcessRun& run, int local_device);
 
 }  // namespace dew::train

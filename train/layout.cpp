@@ -45,6 +45,38 @@ Result<Done> check_model(const WorkerOptions& o, const mesh::Mesh& m) {
 
 }  // namespace
 
+Result<attention::Plan> plan_exchange(const WorkerOptions& o, int sequence, int tensor) {
+  if (o.exchange != "auto" && o.exchange != "all-to-all" && o.exchange != "gather") {
+    return not_allowed("--exchange", o.exchange, "auto, all-to-all or gather");
+  }
+  attention::Call call;
+  call.heads = o.model.heads;
+  call.kv_heads = o.model.kv_heads;
+  call.query_length = call.key_length = o.model.length;
+  call.sequence = sequence;
+  call.tensor = tensor;
+  call.mask.kind = attention::MaskKind::kCausal;
+  call.head_dim = o.model.width / o.model.heads;
+  call.bytes_per_value = o.dtype == Dtype::kFloat64 ? 8 : 4;
+  call.gather_kernel = attention::GatherKernel::kSkipsMaskedBlocks;
+  auto plan = attention::choose_exchange(call);
+  if (!plan.ok() || o.exchange == "auto" || sequence == 1) return plan;
+  attention::Plan forced = plan.value();
+  const bool gather = o.exchange == "gather";
+  const attention::ExchangeCost& cost = gather ? forced.gather : forced.all_to_all;
+  if (!cost.can_run) {
+    return invalid_argument("--exchange " + o.exchange + " cannot run over sequence " + std::to_string(sequence) +
+                            " x tensor " + std::to_string(tensor) + ": " + cost.why_not +
+                            "; allowed: auto (the rule picks " +
+                            std::string(attention::exchange_name(forced.exchange)) + ")");
+  }
+  const auto picked = forced.exchange;
+  forced.exchange = gather ? attention::Exchange::kGather : attention::Exchange::kAllToAll;
+  forced.reason = "forced by --exchange (the rule picks " + std::string(attention::exchange_name(picked)) +
+                  ": " + plan.value().reason + ")";
+  return forced;
+}
+
 Result<mesh::Mesh> plan_layout(const WorkerOptions& o, int processes) {
   if (o.devices_per_process < 1 || o.devices_per_process > 1024) {
     return invalid_argument("--devices-per-process " + std::to_string(o.devices_per_process) +
@@ -70,17 +102,9 @@ Result<mesh::Mesh> plan_layout(const WorkerOptions& o, int processes) {
   if (auto fits = check_model(o, built.value()); !fits.ok()) return fits.error();
   const int sequence = size_of(built.value(), mesh::Axis::kSequence);
   if (sequence > 1) {
-    attention::Call call;
-    call.heads = o.model.heads;
-    call.kv_heads = o.model.kv_heads;
-    call.query_length = call.key_length = o.model.length;
-    call.sequence = sequence;
-    call.tensor = size_of(built.value(), mesh::Axis::kTensor);
-    call.mask.kind = attention::MaskKind::kCausal;
-    call.head_dim = o.model.width / o.model.heads;
-    call.bytes_per_value = o.dtype == Dtype::kFloat64 ? 8 : 4;
-    call.gather_kernel = attention::GatherKernel::kSkipsMaskedBlocks;
-    if (auto plan = attention::choose_exchange(call); !plan.ok()) return plan.error().prefixed("--mesh: ");
+    if (auto plan = plan_exchange(o, sequence, size_of(built.value(), mesh::Axis::kTensor)); !plan.ok()) {
+      return plan.error().prefixed("--mesh: ");
+    }
   }
   return built;
 }

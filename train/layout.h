@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "dew/attention.h"
 #include "dew/mesh.h"
 #include "dew/result.h"
 #include "dew/train.h"
@@ -27,6 +28,10 @@ struct DevicePlace {
   // Its positions of each sequence: contiguous shards of the sequence axis.
   std::vector<std::int64_t> positions;
 };
+
+// The exchange the sequence axis runs (options.exchange: the rule's pick, or
+// a forced one that can run) and why.
+Result<attention::Plan> plan_exchange(const WorkerOptions& options, int sequence, int tensor);
 
 // The place of device `device` of `mesh` (plan_layout's).
 Result<DevicePlace> place_of(const mesh::Mesh& mesh, const WorkerOptions& options, int device);

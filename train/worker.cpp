@@ -1,57 +1,170 @@
-// run_worker: one thread per local device, the pool's mesh, and the report;
-// report_json: the pool.json of the design page.
+// run_worker: what a process does once for all its devices (the checkpoint
+// directory, a resumed state, the cached dataset, the stall watch), one
+// thread per device, and the report; report_json: the pool.json of the
+// design page.
 #include <nlohmann/json.hpp>
 
-#include <mutex>
+#include <barrier>
+#include <filesystem>
 #include <thread>
 
+#include "canonical.h"
+#include "checkpoint.h"
+#include "dataset_cache.h"
 #include "device.h"
+#include "dew/log.h"
+#include "dew/text.h"
 #include "dew/train.h"
 
 namespace dew::train {
+namespace {
 
-Result<WorkerReport> run_worker(runtime::Pool& pool, const WorkerOptions& options,
+struct Resumed {
+  Manifest manifest;
+  std::vector<double> state;
+};
+
+// The checkpoint directory, shared by every process (checked before step 1),
+// and the state to resume from.
+Result<std::optional<Resumed>> prepare_checkpoints(runtime::Pool& pool, const WorkerOptions& o) {
+  if (o.checkpoint_dir.empty()) {
+    if (o.resume) return invalid_argument("--resume needs --checkpoint-dir, the directory to resume from");
+    if (o.checkpoint_every > 0) return invalid_argument("--checkpoint-every needs --checkpoint-dir");
+    return std::optional<Resumed>();
+  }
+  if (o.checkpoint_every < 0) {
+    return invalid_argument("--checkpoint-every " + std::to_string(o.checkpoint_every) +
+                            " is not allowed; allowed: 0 (only resume) or more");
+  }
+  std::error_code error;
+  std::filesystem::create_directories(o.checkpoint_dir, error);
+  if (error) return system_error("--checkpoint-dir: cannot create " + o.checkpoint_dir + ": " + error.message());
+  try {
+    pool.require_shared_directory(o.checkpoint_dir);
+  } catch (const runtime::PoolError& e) {
+    return Error{e.code(), std::string("--checkpoint-dir: ") + e.what()};
+  }
+  if (!o.resume) return std::optional<Resumed>();
+  auto manifest = read_manifest(o.checkpoint_dir);
+  if (!manifest.ok()) return manifest.error();
+  if (auto fits = check_resumable(manifest.value(), o); !fits.ok()) return fits.error();
+  const auto elements = canonical_size(model_leaves(model_buckets(o.model)));
+  if (manifest.value().elements != elements) {
+    return invalid_argument("--resume: the checkpoint holds " + std::to_string(manifest.value().elements) +
+                            " values per section; this model has " + std::to_string(elements));
+  }
+  auto state = read_state(o.checkpoint_dir + "/" + manifest.value().state, elements);
+  if (!state.ok()) return state.error();
+  return std::optional<Resumed>(Resumed{std::move(manifest.value()), std::move(state.value())});
+}
+
+// The dataset, from the cache when every process's fingerprint agrees; one
+// line from process 0 says who found it.
+CachedDataset load_dataset(runtime::Pool& pool, const WorkerOptions& o, std::vector<bool>& found) {
+  if (o.cache_dir.empty()) return cached_dataset(o, std::nullopt, "");
+  const auto key = pool.compile_cache_key();
+  CachedDataset cached = cached_dataset(o, key, o.cache_dir);
+  const auto flags = pool.all_gather(cached.found ? "1" : "0");
+  store_dataset(cached);
+  int hits = 0;
+  for (const auto& flag : flags) {
+    found.push_back(flag == "1");
+    hits += flag == "1";
+  }
+  if (pool.rank() != 0) return cached;
+  const std::string what = "the tokenized dataset (" + counted(o.steps, "step") + " x " +
+                           counted(o.batch, "sequence") + " x " + std::to_string(o.model.length + 1) + " tokens)";
+  if (!key) {
+    log_info("cache: off for this run (the processes' accelerator fingerprints differ); " + what + " made in memory");
+  } else if (hits == pool.size()) {
+    log_info("cache: every process (" + std::to_string(hits) + ") found " + what + " under compile-cache key " +
+             key->substr(0, 12) + " in " + o.cache_dir + "; not tokenized again");
+  } else {
+    log_info("cache: " + std::to_string(hits) + " of " + counted(pool.size(), "process", "processes") + " found " +
+             what + " under compile-cache key " + key->substr(0, 12) + "; the others tokenized it and stored it in " +
+             o.cache_dir);
+  }
+  return cached;
+}
+
+// Step 1's gradient, whole, on every process: each holds its writers' runs
+// (zeros elsewhere), and the runs of all processes are disjoint.
+std::vector<double> gathered_gradient(runtime::Pool& pool, const std::vector<double>& local) {
+  if (pool.size() == 1) return local;
+  const std::string bytes(reinterpret_cast<const char*>(local.data()), local.size() * sizeof(double));
+  std::vector<double> whole(local.size(), 0.0), part(local.size());
+  for (const auto& other : pool.all_gather(bytes)) {
+    std::memcpy(part.data(), other.data(), std::min(other.size(), part.size() * sizeof(double)));
+    for (std::size_t k = 0; k < whole.size(); ++k) whole[k] += part[k];
+  }
+  return whole;
+}
+
+}  // namespace
+
+Result<WorkerReport> run_worker(runtime::Pool& pool, const WorkerOptions& o,
                                 const std::function<void(const StepRecord&)>& progress) {
-  auto planned = plan_layout(options, pool.size());
+  auto planned = plan_layout(o, pool.size());
   if (!planned.ok()) return planned.error();
   const mesh::Mesh& layout = planned.value();
-  const int devices = options.devices_per_process;
+  auto resumed = prepare_checkpoints(pool, o);
+  if (!resumed.ok()) return resumed.error();
+  WorkerReport report;
+  CachedDataset data = load_dataset(pool, o, report.cache_found);
+  if (o.reverse_batch) reverse_sequences(data.dataset);
+  const int devices = o.devices_per_process;
+  StallWatch watch(pool, o.step_bound, devices, pool.rank() * devices);
+  std::barrier<> sync(devices);
+  const auto leaves = model_leaves(model_buckets(o.model));
+  std::vector<double> gradient(o.capture_gradient ? std::size_t(canonical_size(leaves)) : 0);
+  ProcessRun run{pool, layout, o, data.dataset, watch, sync, 0, nullptr, {}, {}, nullptr};
+  if (resumed.value()) {
+    run.start_step = resumed.value()->manifest.step;
+    run.resumed_state = &resumed.value()->state;
+    run.earlier_losses = resumed.value()->manifest.losses;
+  }
+  if (pool.rank() == 0) run.progress = progress;
+  if (o.capture_gradient) run.gradient = &gradient;
   std::vector<Result<DeviceResult>> results(std::size_t(devices), Result<DeviceResult>(DeviceResult{}));
   std::vector<std::thread> threads;
   for (int d = 0; d < devices; ++d) {
     threads.emplace_back([&, d] {
-      const int device = pool.rank() * devices + d;  // cpu_pool's ids: process by process
-      const bool reports = pool.rank() == 0 && d == 0;
-      results[std::size_t(d)] = train_device(pool, layout, options, device, reports ? progress : nullptr);
+      results[std::size_t(d)] = train_device(run, d);
+      // Its peers wait for it inside collectives: its error ends the pool.
+      if (!results[std::size_t(d)].ok()) {
+        pool.fail("device " + std::to_string(pool.rank() * devices + d) + ": " +
+                  results[std::size_t(d)].error().message);
+      }
     });
   }
   for (auto& thread : threads) thread.join();
-  for (int d = 0; d < devices; ++d) {
-    if (!results[std::size_t(d)].ok()) {
-      return results[std::size_t(d)].error().prefixed("device " + std::to_string(pool.rank() * devices + d) + ": ");
-    }
-  }
   const DeviceResult& first = results[0].value();
-  WorkerReport report;
   report.mesh = layout;
   report.steps = first.steps;
   report.fsdp_groups = layout.groups[static_cast<int>(mesh::Axis::kFsdp)].processes;
   report.exchange = first.exchange;
   report.exchange_reason = first.exchange_reason;
   report.state_bytes_per_device = first.state_bytes;
-  report.tokens_per_step = options.batch * options.model.length;
+  report.tokens_per_step = o.batch * o.model.length;
+  report.resumed_from = run.start_step;
+  report.earlier_losses = run.earlier_losses;
+  if (o.capture_gradient) {
+    report.gradient = gathered_gradient(pool, gradient);
+    for (const auto& leaf : leaves) report.leaves.push_back({leaf.name, leaf.offset, leaf.size});
+  }
   return report;
 }
 
 std::string report_json(const WorkerReport& r, const WorkerOptions& o) {
   nlohmann::json j;
-  std::vector<double> losses;
+  std::vector<double> losses = r.earlier_losses;
   nlohmann::json steps = nlohmann::json::array();
   for (const auto& s : r.steps) {
     losses.push_back(s.loss);
     steps.push_back({{"step", s.step}, {"loss", s.loss}, {"seconds", s.seconds}, {"split", s.split}});
   }
   j["losses"] = losses;
+  if (r.resumed_from > 0) j["resumed_from"] = r.resumed_from;
   j["fsdp_groups"] = r.fsdp_groups;
   j["mesh"] = nlohmann::json::parse(mesh::mesh_to_json(r.mesh));
   j["exchange"] = r.exchange;
@@ -59,11 +172,49 @@ std::string report_json(const WorkerReport& r, const WorkerOptions& o) {
   j["steps"] = steps;
   j["state_bytes_per_device"] = r.state_bytes_per_device;
   j["tokens_per_step"] = r.tokens_per_step;
-  j["dtype"] = o.dtype == Dtype::kFloat64 ? "fp64" : "fp32";
+  j["dtype"] = dtype_name(o.dtype);
   j["model"] = {{"vocab", o.model.vocab},   {"width", o.model.width},       {"layers", o.model.layers},
                 {"heads", o.model.heads},   {"kv_heads", o.model.kv_heads}, {"mlp", o.model.mlp},
                 {"length", o.model.length}, {"batch", o.batch},             {"seed", o.seed}};
+  if (!r.cache_found.empty()) j["cache_found"] = r.cache_found;
   return j.dump(2) + "\n";
+}
+
+Result<Drill> parse_drill(std::string_view text) {
+  static const std::pair<std::string_view, Drill::Kind> kinds[] = {
+      {"loader-throws", Drill::Kind::kLoaderThrows},
+      {"stall-in-step", Drill::Kind::kStallInStep},
+      {"stall-before-checkpoint", Drill::Kind::kStallBeforeCheckpoint},
+      {"crash-while-saving", Drill::Kind::kCrashWhileSaving}};
+  const auto bad = [&] {
+    return not_allowed("--drill", text,
+                       "KIND@RANK:STEP with KIND loader-throws, stall-in-step, stall-before-checkpoint or "
+                       "crash-while-saving, RANK a process and STEP a step from 1");
+  };
+  const auto at = text.find('@'), colon = text.find(':');
+  if (at == std::string_view::npos || colon == std::string_view::npos || colon < at) return bad();
+  Drill drill;
+  bool known = false;
+  for (const auto& [name, kind] : kinds) {
+    if (text.substr(0, at) == name) {
+      drill.kind = kind;
+      known = true;
+    }
+  }
+  const auto number = [](std::string_view digits, int& out) {
+    if (digits.empty() || digits.size() > 6) return false;
+    out = 0;
+    for (char c : digits) {
+      if (c < '0' || c > '9') return false;
+      out = out * 10 + (c - '0');
+    }
+    return true;
+  };
+  if (!known || !number(text.substr(at + 1, colon - at - 1), drill.rank) ||
+      !number(text.substr(colon + 1), drill.step) || drill.step < 1) {
+    return bad();
+  }
+  return drill;
 }
 
 }  // namespace dew::train

@@ -29,10 +29,13 @@
 // expert and stage are refused with the reason.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dew/mesh.h"
@@ -53,6 +56,25 @@ struct ModelConfig {
 
 enum class Dtype { kFloat32, kFloat64 };
 
+// A failure on purpose, for the failure drills: process `rank` at step
+// `step` (1-based).
+struct Drill {
+  enum class Kind {
+    kNone,
+    kLoaderThrows,          // its data loader throws (an uncaught exception)
+    kStallInStep,           // a device sleeps inside the step, outside collectives
+    kStallBeforeCheckpoint, // the process sleeps before the checkpoint's agreement
+    kCrashWhileSaving,      // SIGKILL halfway through writing its checkpoint shards
+  };
+  Kind kind = Kind::kNone;
+  int rank = 0;
+  int step = 0;
+};
+// "KIND@RANK:STEP", KIND one of loader-throws, stall-in-step,
+// stall-before-checkpoint, crash-while-saving; an error names the value and
+// the allowed forms.
+Result<Drill> parse_drill(std::string_view text);
+
 struct WorkerOptions {
   std::string mesh;  // a MeshSpec (JSON or axis=n,...); empty: data over every device
   int devices_per_process = 1;
@@ -66,6 +88,26 @@ struct WorkerOptions {
   double beta1 = 0.9;
   double beta2 = 0.95;
   double epsilon = 1e-8;
+  // "auto" (the rule's pick), "all-to-all" or "gather": the sequence axis's
+  // exchange; a forced one that cannot run is an error with the rule's reason.
+  std::string exchange = "auto";
+  // Checkpoints every checkpoint_every steps (and after the last) into
+  // checkpoint_dir, a directory every process must share; resume continues
+  // from its last complete one (any layout of the same model).
+  std::string checkpoint_dir;
+  int checkpoint_every = 0;
+  bool resume = false;
+  // The step bound of the stall watch (stall_watch.h); nullopt: off.
+  std::optional<std::chrono::milliseconds> step_bound = std::chrono::minutes(30);
+  // Where the tokenized dataset is cached under the compile-cache key;
+  // empty: no cache.
+  std::string cache_dir;
+  Drill drill;
+  // Reverse each step's sequences (the same training, summed in another
+  // order): layout-parity's floor.
+  bool reverse_batch = false;
+  // Record step 1's gradient, whole, in the canonical order (layout-parity).
+  bool capture_gradient = false;
 };
 
 // One step as process 0 sees it.
@@ -91,6 +133,19 @@ struct WorkerReport {
   // Parameter and optimizer state bytes held by each device.
   std::int64_t state_bytes_per_device = 0;
   int tokens_per_step = 0;
+  // A resumed run: the checkpoint's step and the losses up to it.
+  int resumed_from = 0;
+  std::vector<double> earlier_losses;
+  // capture_gradient: step 1's gradient of the mean loss, every parameter
+  // whole (process 0), and each parameter's name, first element and size.
+  std::vector<double> gradient;
+  struct Leaf {
+    std::string name;
+    std::int64_t offset = 0, size = 0;
+  };
+  std::vector<Leaf> leaves;
+  // Whether each process found the cached dataset.
+  std::vector<bool> cache_found;
 };
 
 // Checks the options against the pool's device count, before any process
@@ -104,6 +159,10 @@ Result<mesh::Mesh> plan_layout(const WorkerOptions& options, int processes);
 // step as it ends.
 Result<WorkerReport> run_worker(runtime::Pool& pool, const WorkerOptions& options,
                                 const std::function<void(const StepRecord&)>& progress = {});
+
+// Where the worker caches its dataset by default: $DEW_CACHE_DIR/worker,
+// $XDG_CACHE_HOME/dew/worker or $HOME/.cache/dew/worker.
+std::string default_cache_dir();
 
 // The report as JSON: losses, fsdp_groups, mesh (axes, shape, devices),
 // exchange and reason, per-step seconds and split, state bytes per device.

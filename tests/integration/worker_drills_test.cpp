@@ -1,0 +1,108 @@
+// The design page's failure drills with `dew worker` under `dew launch`: a
+// loader that throws, a rank stalled inside a step and before a checkpoint's
+// agreement, two pools at once, and the dataset cached under the pool's
+// compile-cache key. (The same drills under srun --dew-pool are in
+// worker_slurm_test.cpp.)
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "srun_output.h"
+#include "worker_helpers.h"
+
+namespace dew::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+const std::vector<std::string> kHybrid = {"--devices-per-process", "2", "--mesh", "fsdp=2,replicas=2"};
+
+std::vector<std::string> hybrid_with(std::vector<std::string> extra) {
+  std::vector<std::string> args = kHybrid;
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+TEST(WorkerDrills, ALoaderThatThrowsEndsThePoolNamingItsRankOnce) {
+  auto r = launch_worker(4, hybrid_with({"--drill", "loader-throws@2:5"}));
+  EXPECT_EQ(r.exit_code, 1) << describe(r);
+  EXPECT_LT(r.seconds, 10.0);
+  EXPECT_EQ(occurrences(r.err, "[2] error: uncaught exception: data loader: cannot read the batch of step 5"), 1)
+      << r.err;
+  EXPECT_EQ(occurrences(r.err, "dew launch: rank 2 on localhost ended with exit code 1"), 1) << r.err;
+  EXPECT_EQ(occurrences(r.err, "step 5/20"), 0) << "step 5 never finished";
+}
+
+TEST(WorkerDrills, ARankStalledInsideAStepIsNamedByTheStepWatchdog) {
+  auto r = launch_worker(4, hybrid_with({"--drill", "stall-in-step@1:4", "--watchdog", "2s"}));
+  EXPECT_EQ(r.exit_code, 124) << describe(r);
+  EXPECT_LT(r.seconds, 15.0);
+  EXPECT_THAT(r.err, HasSubstr("[1] error: step 4: device 2 stalled outside any collective (computing or loading "
+                               "data) for 2.0 s, past the step bound of 2.0 s (--watchdog)"));
+  EXPECT_EQ(occurrences(r.err, "dew launch: rank 1 on localhost ended with exit code 124"), 1) << r.err;
+  EXPECT_EQ(occurrences(r.err, "stalled outside"), 1) << "only the stalled rank says so: " << r.err;
+}
+
+TEST(WorkerDrills, ARankStalledBeforeACheckpointAgreementIsNamedByThePatience) {
+  TempDir dir;
+  auto r = launch_worker(4, hybrid_with({"--drill", "stall-before-checkpoint@3:5", "--checkpoint-dir", dir / "ck",
+                                         "--checkpoint-every", "5"}),
+                         {}, {{"DEW_AGREEMENT_PATIENCE_SECONDS", "2"}});
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.exit_code, 75);
+  EXPECT_LT(r.seconds, 15.0);
+  EXPECT_THAT(r.err, HasSubstr("agreement 'checkpoint at step 5' ran out of patience after 2 s: process 3 never "
+                               "arrived"));
+  EXPECT_THAT(r.err, HasSubstr("dew launch: rank 3 on localhost failed: its peers ended because"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "ck/manifest.json")) << "no checkpoint without everyone's shards";
+}
+
+TEST(WorkerDrills, TwoPoolsStartedTogetherEachTakeAPortAndFinish) {
+  TempDir dir;
+  // Each prints the coordinator its processes got, then trains.
+  const auto pool = [&](const std::string& name, const std::string& mesh) {
+    return dew_launch({"--processes-per-host", "4", "--", "/bin/sh", "-c",
+                       "echo coordinator=$DEW_COORDINATOR_ADDRESS; exec " + dew_exe() +
+                           " worker --cache-dir off --devices-per-process 2 --mesh " + mesh + " --out " + dir / name},
+                      {}, std::chrono::seconds(120));
+  };
+  RunResult first, second;
+  std::thread a([&] { first = pool("a.json", "fsdp=2,replicas=2"); });
+  std::thread b([&] { second = pool("b.json", "fsdp=8"); });
+  a.join();
+  b.join();
+  ASSERT_EQ(first.exit_code, 0) << describe(first);
+  ASSERT_EQ(second.exit_code, 0) << describe(second);
+  const auto coordinator = [](const RunResult& r) {
+    std::smatch m;
+    std::regex_search(r.out, m, std::regex(R"(\[0\] coordinator=(127\.0\.0\.1:\d+))"));
+    return m.size() > 1 ? m[1].str() : "";
+  };
+  EXPECT_LT(loss_gap(read_report(dir / "a.json").losses, read_report(dir / "b.json").losses), 1e-6);
+  EXPECT_NE(coordinator(first), "") << first.out;
+  EXPECT_NE(coordinator(first), coordinator(second));
+}
+
+TEST(WorkerDrills, ASecondRunFindsTheCacheAndMixedFingerprintsRunWithout) {
+  TempDir dir;
+  const std::vector<std::string> cached = {"--steps", "3", "--cache-dir", dir / "cache"};
+  auto first = launch_worker(4, cached);
+  ASSERT_EQ(first.exit_code, 0) << describe(first);
+  EXPECT_THAT(first.err, HasSubstr("[0] cache: 0 of 4 processes found the tokenized dataset (3 steps x 8 sequences "
+                                   "x 17 tokens)"));
+  auto second = launch_worker(4, cached);
+  ASSERT_EQ(second.exit_code, 0) << describe(second);
+  EXPECT_EQ(occurrences(second.err, "cache: every process (4) found the tokenized dataset"), 1) << second.err;
+  // One rank with another accelerator: no cache, and the processes named.
+  auto mixed = dew_launch({"--processes-per-host", "4", "--", "/bin/sh", "-c",
+                           "[ $DEW_PROCESS_ID = 2 ] && export DEW_ACCELERATOR_FINGERPRINT=gpu=H100; exec " + dew_exe() +
+                               " worker --steps 3 --cache-dir " + dir / "cache"});
+  ASSERT_EQ(mixed.exit_code, 0) << describe(mixed);
+  EXPECT_THAT(mixed.err, HasSubstr("[0] compile cache off: the processes do not compile for the same accelerators: "
+                                   "process 2 differs from process 0"));
+  EXPECT_THAT(mixed.err, HasSubstr("[0] cache: off for this run (the processes' accelerator fingerprints differ)"));
+}
+
+}  // namespace
+}  // namespace dew::testing

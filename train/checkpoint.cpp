@@ -1,0 +1,205 @@
+#include "checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace dew::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string step_name(int step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%06d", step);
+  return name;
+}
+
+Result<Done> errno_error(const std::string& what, const std::string& path) {
+  return system_error("checkpoint: cannot " + what + " " + path + ": " + std::strerror(errno));
+}
+
+// Closes on every path out.
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+Result<Done> write_all(int fd, const char* data, std::size_t size, off_t at, const std::string& path) {
+  while (size > 0) {
+    const ssize_t wrote = ::pwrite(fd, data, size, at);
+    if (wrote < 0) {
+      if (errno == EINTR) continue;
+      return errno_error("write", path);
+    }
+    data += wrote;
+    size -= std::size_t(wrote);
+    at += wrote;
+  }
+  return Done{};
+}
+
+nlohmann::json model_json(const ModelConfig& m) {
+  return {{"vocab", m.vocab}, {"width", m.width}, {"layers", m.layers}, {"heads", m.heads},
+          {"kv_heads", m.kv_heads}, {"mlp", m.mlp}, {"length", m.length}};
+}
+
+}  // namespace
+
+std::string state_path_of(const std::string& directory, int step) {
+  return directory + "/" + step_name(step) + "/state.bin";
+}
+
+std::string dtype_name(Dtype dtype) { return dtype == Dtype::kFloat64 ? "fp64" : "fp32"; }
+
+template <typename T>
+Result<Done> write_state_runs(const std::string& path, int section, std::int64_t elements,
+                              const std::vector<CanonicalRun>& runs, std::int64_t shard_first,
+                              std::span<const T> values, const std::function<void()>& halfway) {
+  std::error_code ignored;
+  fs::create_directories(fs::path(path).parent_path(), ignored);
+  Fd file{::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644)};
+  if (file.fd < 0) return errno_error("open", path);
+  std::vector<double> run_values;
+  for (std::size_t k = 0; k < runs.size(); ++k) {
+    if (halfway && k == runs.size() / 2) halfway();
+    const CanonicalRun& run = runs[k];
+    run_values.assign(values.begin() + (run.local - shard_first),
+                      values.begin() + (run.local - shard_first + run.length));
+    const off_t at = off_t((std::int64_t(section) * elements + run.canonical) * std::int64_t(sizeof(double)));
+    auto wrote = write_all(file.fd, reinterpret_cast<const char*>(run_values.data()),
+                           run_values.size() * sizeof(double), at, path);
+    if (!wrote.ok()) return wrote;
+  }
+  return Done{};
+}
+
+template Result<Done> write_state_runs<float>(const std::string&, int, std::int64_t, const std::vector<CanonicalRun>&,
+                                              std::int64_t, std::span<const float>, const std::function<void()>&);
+template Result<Done> write_state_runs<double>(const std::string&, int, std::int64_t,
+                                               const std::vector<CanonicalRun>&, std::int64_t,
+                                               std::span<const double>, const std::function<void()>&);
+
+Result<Done> sync_file(const std::string& path) {
+  Fd file{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (file.fd < 0) return errno_error("open", path);
+  if (::fsync(file.fd) != 0) return errno_error("fsync", path);
+  return Done{};
+}
+
+Result<std::vector<double>> read_state(const std::string& path, std::int64_t elements) {
+  const std::int64_t bytes = kStateSections * elements * std::int64_t(sizeof(double));
+  std::error_code error;
+  const auto size = fs::file_size(path, error);
+  if (error) return not_found("checkpoint: cannot read " + path + ": " + error.message());
+  if (std::int64_t(size) != bytes) {
+    return invalid_argument("checkpoint: " + path + " holds " + std::to_string(size) + " bytes; its manifest says " +
+                            std::to_string(bytes) + " (" + std::to_string(kStateSections) + " x " +
+                            std::to_string(elements) + " values)");
+  }
+  std::vector<double> state(std::size_t(kStateSections * elements));
+  std::ifstream in(path, std::ios::binary);
+  in.read(reinterpret_cast<char*>(state.data()), std::streamsize(bytes));
+  if (!in) return system_error("checkpoint: cannot read " + path);
+  return state;
+}
+
+Result<Done> write_manifest(const std::string& directory, const Manifest& m) {
+  nlohmann::json j{{"format", "dew-worker-checkpoint"},
+                   {"version", 1},
+                   {"step", m.step},
+                   {"state", m.state},
+                   {"elements", m.elements},
+                   {"dtype", m.dtype},
+                   {"model", model_json(m.model)},
+                   {"batch", m.batch},
+                   {"seed", m.seed},
+                   {"learning_rate", m.learning_rate},
+                   {"mesh", m.mesh},
+                   {"losses", m.losses}};
+  const std::string path = directory + "/manifest.json";
+  const std::string temporary = path + ".tmp." + std::to_string(::getpid());
+  {
+    const std::string text = j.dump(2) + "\n";
+    Fd file{::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
+    if (file.fd < 0) return errno_error("create", temporary);
+    if (auto wrote = write_all(file.fd, text.data(), text.size(), 0, temporary); !wrote.ok()) return wrote;
+    if (::fsync(file.fd) != 0) return errno_error("fsync", temporary);
+  }
+  if (::rename(temporary.c_str(), path.c_str()) != 0) return errno_error("rename to", path);
+  Fd dir{::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+  if (dir.fd >= 0) ::fsync(dir.fd);
+  // The manifest names the new state: the older ones are of no more use.
+  std::error_code ignored;
+  const std::string keep = step_name(m.step);
+  for (const auto& entry : fs::directory_iterator(directory, ignored)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("step-", 0) == 0 && name != keep) fs::remove_all(entry.path(), ignored);
+  }
+  return Done{};
+}
+
+Result<Manifest> read_manifest(const std::string& directory) {
+  const std::string path = directory + "/manifest.json";
+  std::ifstream in(path);
+  if (!in) return not_found("--resume: no complete checkpoint in " + directory + " (no manifest.json)");
+  std::stringstream text;
+  text << in.rdbuf();
+  try {
+    const auto j = nlohmann::json::parse(text.str());
+    if (j.at("format") != "dew-worker-checkpoint" || j.at("version") != 1) {
+      return invalid_argument("checkpoint: " + path + " is not a version 1 dew worker manifest");
+    }
+    Manifest m;
+    m.step = j.at("step").get<int>();
+    m.state = j.at("state").get<std::string>();
+    m.elements = j.at("elements").get<std::int64_t>();
+    m.dtype = j.at("dtype").get<std::string>();
+    const auto& model = j.at("model");
+    m.model = ModelConfig{model.at("vocab"),  model.at("width"), model.at("layers"), model.at("heads"),
+                          model.at("kv_heads"), model.at("mlp"),  model.at("length")};
+    m.batch = j.at("batch").get<int>();
+    m.seed = j.at("seed").get<std::uint64_t>();
+    m.learning_rate = j.at("learning_rate").get<double>();
+    m.mesh = j.at("mesh").get<std::string>();
+    m.losses = j.at("losses").get<std::vector<double>>();
+    if (m.step < 1 || m.elements < 1 || m.state.find("..") != std::string::npos || int(m.losses.size()) != m.step) {
+      return invalid_argument("checkpoint: " + path + " is inconsistent (step " + std::to_string(m.step) + ", " +
+                              std::to_string(m.losses.size()) + " losses)");
+    }
+    return m;
+  } catch (const nlohmann::json::exception& e) {
+    return invalid_argument("checkpoint: " + path + " is not a dew worker manifest: " + e.what());
+  }
+}
+
+Result<Done> check_resumable(const Manifest& m, const WorkerOptions& o) {
+  const auto differs = [&](const std::string& what, const std::string& saved, const std::string& now) {
+    return invalid_argument("--resume: the checkpoint at step " + std::to_string(m.step) + " was trained with " +
+                            what + " " + saved + ", this run has " + now + "; allowed: the same " + what);
+  };
+  const auto model = [](const ModelConfig& c) { return model_json(c).dump(); };
+  if (model(m.model) != model(o.model)) return differs("model", model(m.model), model(o.model));
+  if (m.dtype != dtype_name(o.dtype)) return differs("--dtype", m.dtype, dtype_name(o.dtype));
+  if (m.batch != o.batch) return differs("--batch", std::to_string(m.batch), std::to_string(o.batch));
+  if (m.seed != o.seed) return differs("--seed", std::to_string(m.seed), std::to_string(o.seed));
+  if (m.learning_rate != o.learning_rate) {
+    return differs("--learning-rate", std::to_string(m.learning_rate), std::to_string(o.learning_rate));
+  }
+  if (m.step >= o.steps) {
+    return invalid_argument("--resume: the checkpoint is at step " + std::to_string(m.step) + " and --steps is " +
+                            std::to_string(o.steps) + "; allowed: --steps above " + std::to_string(m.step));
+  }
+  return Done{};
+}
+
+}  // namespace dew::train
