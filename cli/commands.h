@@ -28,6 +28,9 @@ void add_launch_command(CLI::App& app);
 // `dew worker`: the distribution worker, a small transformer trained over this
 // pool's layout (worker_command.cpp).
 void add_worker_command(CLI::App& app);
+// `dew layout-parity`: every layout of a device count against one device
+// (layout_parity_command.cpp).
+void add_layout_parity_command(CLI::App& app);
 
 // A subcommand's body, run from its CLI11 callback: its lines start with
 // "dew <name>: ", an exception that escapes it is one line (exit 1), and a

@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
   dew::cli::add_attention_check_command(app);
   dew::cli::add_launch_command(app);
   dew::cli::add_worker_command(app);
+  dew::cli::add_layout_parity_command(app);
   // CLI11 calls an unknown first word "A subcommand is required": name it.
   if (argc > 1 && argv[1][0] != '-') {
     std::vector<std::string> names;

@@ -23,7 +23,7 @@ std::int64_t canonical_size(const std::vector<Leaf>& leaves) {
 
 std::vector<CanonicalRun> canonical_runs(const std::vector<std::vector<ParamSpec>>& buckets, int bucket,
                                          const std::vector<Leaf>& leaves, int tensor_rank, int tensor_size,
-                                         std::int64_t first, std::int64_t last) {
+                                         std::int64_t first, std::int64_t last, Replicated replicated) {
   std::size_t leaf = 0;
   for (int b = 0; b < bucket; ++b) leaf += buckets[std::size_t(b)].size();
   std::vector<CanonicalRun> runs;
@@ -33,6 +33,10 @@ std::vector<CanonicalRun> canonical_runs(const std::vector<std::vector<ParamSpec
     const std::int64_t first_row = spec.split == Split::kRows ? tensor_rank * rows : 0;
     const std::int64_t first_col = spec.split == Split::kColumns ? tensor_rank * cols : 0;
     const std::int64_t base = leaves[leaf++].offset;
+    if (spec.split == Split::kNone && tensor_rank != 0 && replicated == Replicated::kRankZeroOnly) {
+      start += rows * cols;
+      continue;
+    }
     // Each local row is a run of the whole parameter's row, cut to [first, last).
     for (std::int64_t r = 0; r < rows; ++r) {
       const std::int64_t row_start = start + r * cols;

@@ -30,10 +30,16 @@ struct CanonicalRun {
   std::int64_t length = 0;
 };
 
+// Which runs of a parameter every tensor rank holds whole (Split::kNone).
+enum class Replicated {
+  kEveryRank,   // every rank's (to read)
+  kRankZeroOnly // tensor rank 0's only (to write, or to sum over processes, once)
+};
+
 // The runs covering elements [first, last) of tensor rank `tensor_rank`'s
 // flat bucket `bucket` (bucket_layout's order); `leaves` from model_leaves.
 std::vector<CanonicalRun> canonical_runs(const std::vector<std::vector<ParamSpec>>& buckets, int bucket,
                                          const std::vector<Leaf>& leaves, int tensor_rank, int tensor_size,
-                                         std::int64_t first, std::int64_t last);
+                                         std::int64_t first, std::int64_t last, Replicated replicated);
 
 }  // namespace dew::train

@@ -70,7 +70,8 @@ std::vector<Shard<T>> resumed_shards(const std::vector<std::vector<ParamSpec>>& 
     s.chunk = (s.size + p.fsdp.size - 1) / p.fsdp.size;
     for (auto* section : {&s.params, &s.m, &s.v}) section->assign(std::size_t(s.chunk), T(0));
     const std::int64_t first = s.chunk * p.fsdp.rank, last = std::min(s.size, first + s.chunk);
-    for (const auto& run : canonical_runs(buckets, int(b), leaves, p.tensor.rank, p.tensor.size, first, last)) {
+    for (const auto& run :
+         canonical_runs(buckets, int(b), leaves, p.tensor.rank, p.tensor.size, first, last, Replicated::kEveryRank)) {
       int section = 0;
       for (auto* values : {&s.params, &s.m, &s.v}) {
         const double* from = state.data() + section++ * elements + run.canonical;
@@ -105,7 +106,8 @@ Result<Done> save_checkpoint(ProcessRun& run, const DevicePlace& p, const std::v
     for (std::size_t b = 0; b < shards.size(); ++b) {
       const Shard<T>& s = shards[b];
       const std::int64_t first = s.chunk * p.fsdp.rank, last = std::min(s.size, first + s.chunk);
-      const auto runs = canonical_runs(buckets, int(b), leaves, p.tensor.rank, p.tensor.size, first, last);
+      const auto runs =
+          canonical_runs(buckets, int(b), leaves, p.tensor.rank, p.tensor.size, first, last, Replicated::kRankZeroOnly);
       int section = 0;
       for (const auto* values : {&s.params, &s.m, &s.v}) {
         std::function<void()> halfway;
@@ -143,7 +145,9 @@ void capture_gradient(ProcessRun& run, const DevicePlace& p, const std::vector<s
                       const std::vector<Leaf>& leaves, const Shard<T>& s, int bucket, const std::vector<T>& grad) {
   if (!run.gradient || p.data.rank != 0 || p.sequence.rank != 0) return;
   const std::int64_t first = s.chunk * p.fsdp.rank, last = std::min(s.size, first + s.chunk);
-  for (const auto& r : canonical_runs(buckets, bucket, leaves, p.tensor.rank, p.tensor.size, first, last)) {
+  // Disjoint over the pool: the processes' copies are summed.
+  for (const auto& r :
+       canonical_runs(buckets, bucket, leaves, p.tensor.rank, p.tensor.size, first, last, Replicated::kRankZeroOnly)) {
     for (std::int64_t k = 0; k < r.length; ++k) {
       (*run.gradient)[std::size_t(r.canonical + k)] = double(grad[std::size_t(r.local - first + k)]);
     }
@@ -178,7 +182,7 @@ Result<Pass<T>> run_pass(const ProcessRun& run, const DevicePlace& p, const std:
     throw std::runtime_error("data loader: cannot read the batch of step " + std::to_string(step + 1) +
                              " (--drill loader-throws)");
   }
-  if (p.device % o.devices_per_process == 0 && drill_here(run, Drill::Kind::kStallInStep, step + 1)) stall();
+  if (p.device == run.first_device && drill_here(run, Drill::Kind::kStallInStep, step + 1)) stall();
   const Batch batch = batch_of(run.dataset, step, p.first_sequence, p.sequences, p.positions);
   Pass<T> pass;
   std::vector<std::span<const T>> param_views;
@@ -200,7 +204,7 @@ Result<Pass<T>> run_pass(const ProcessRun& run, const DevicePlace& p, const std:
 template <typename T>
 Result<DeviceResult> train_typed(ProcessRun& run, int local) {
   const WorkerOptions& o = run.options;
-  const int device = run.pool.rank() * o.devices_per_process + local;  // cpu_pool's ids
+  const int device = run.first_device + local;
   auto place = place_of(run.mesh, o, device);
   if (!place.ok()) return place.error();
   const DevicePlace& p = place.value();

@@ -25,6 +25,7 @@ struct ProcessRun {
   const Dataset& dataset;
   StallWatch& watch;
   std::barrier<>& devices;  // every device thread of this process
+  int first_device = 0;     // this process's first device id in the mesh
   int start_step = 0;       // steps done before (a resumed run)
   const std::vector<double>* resumed_state = nullptr;  // the checkpoint's state (checkpoint.h)
   std::vector<double> earlier_losses;                   // its losses

@@ -100,28 +100,30 @@ std::vector<double> gathered_gradient(runtime::Pool& pool, const std::vector<dou
   return whole;
 }
 
-}  // namespace
-
-Result<WorkerReport> run_worker(runtime::Pool& pool, const WorkerOptions& o,
-                                const std::function<void(const StepRecord&)>& progress) {
-  auto planned = plan_layout(o, pool.size());
-  if (!planned.ok()) return planned.error();
-  const mesh::Mesh& layout = planned.value();
-  auto resumed = prepare_checkpoints(pool, o);
-  if (!resumed.ok()) return resumed.error();
+// Trains this process's devices over `layout`. local_only: a layout of this
+// process alone (the one-device reference), with no pool-wide steps.
+Result<WorkerReport> train_process(runtime::Pool& pool, const mesh::Mesh& layout, const WorkerOptions& o,
+                                   const std::function<void(const StepRecord&)>& progress, bool local_only) {
   WorkerReport report;
-  CachedDataset data = load_dataset(pool, o, report.cache_found);
+  std::optional<Resumed> resumed;
+  if (!local_only) {
+    auto prepared = prepare_checkpoints(pool, o);
+    if (!prepared.ok()) return prepared.error();
+    resumed = std::move(prepared.value());
+  }
+  CachedDataset data = local_only ? cached_dataset(o, std::nullopt, "") : load_dataset(pool, o, report.cache_found);
   if (o.reverse_batch) reverse_sequences(data.dataset);
   const int devices = o.devices_per_process;
-  StallWatch watch(pool, o.step_bound, devices, pool.rank() * devices);
+  const int first_device = local_only ? 0 : pool.rank() * devices;  // cpu_pool's ids: process by process
+  StallWatch watch(pool, o.step_bound, devices, first_device);
   std::barrier<> sync(devices);
   const auto leaves = model_leaves(model_buckets(o.model));
   std::vector<double> gradient(o.capture_gradient ? std::size_t(canonical_size(leaves)) : 0);
-  ProcessRun run{pool, layout, o, data.dataset, watch, sync, 0, nullptr, {}, {}, nullptr};
-  if (resumed.value()) {
-    run.start_step = resumed.value()->manifest.step;
-    run.resumed_state = &resumed.value()->state;
-    run.earlier_losses = resumed.value()->manifest.losses;
+  ProcessRun run{pool, layout, o, data.dataset, watch, sync, first_device, 0, nullptr, {}, {}, nullptr};
+  if (resumed) {
+    run.start_step = resumed->manifest.step;
+    run.resumed_state = &resumed->state;
+    run.earlier_losses = resumed->manifest.losses;
   }
   if (pool.rank() == 0) run.progress = progress;
   if (o.capture_gradient) run.gradient = &gradient;
@@ -132,8 +134,7 @@ Result<WorkerReport> run_worker(runtime::Pool& pool, const WorkerOptions& o,
       results[std::size_t(d)] = train_device(run, d);
       // Its peers wait for it inside collectives: its error ends the pool.
       if (!results[std::size_t(d)].ok()) {
-        pool.fail("device " + std::to_string(pool.rank() * devices + d) + ": " +
-                  results[std::size_t(d)].error().message);
+        pool.fail("device " + std::to_string(first_device + d) + ": " + results[std::size_t(d)].error().message);
       }
     });
   }
@@ -149,10 +150,32 @@ Result<WorkerReport> run_worker(runtime::Pool& pool, const WorkerOptions& o,
   report.resumed_from = run.start_step;
   report.earlier_losses = run.earlier_losses;
   if (o.capture_gradient) {
-    report.gradient = gathered_gradient(pool, gradient);
+    report.gradient = local_only ? gradient : gathered_gradient(pool, gradient);
     for (const auto& leaf : leaves) report.leaves.push_back({leaf.name, leaf.offset, leaf.size});
   }
   return report;
+}
+
+}  // namespace
+
+Result<WorkerReport> run_worker(runtime::Pool& pool, const WorkerOptions& o,
+                                const std::function<void(const StepRecord&)>& progress) {
+  auto planned = plan_layout(o, pool.size());
+  if (!planned.ok()) return planned.error();
+  return train_process(pool, planned.value(), o, progress, false);
+}
+
+Result<WorkerReport> run_one_device(runtime::Pool& pool, WorkerOptions o) {
+  o.mesh.clear();
+  o.devices_per_process = 1;
+  o.checkpoint_dir.clear();
+  o.checkpoint_every = 0;
+  o.resume = false;
+  o.cache_dir.clear();
+  o.drill = Drill{};
+  auto planned = plan_layout(o, 1);
+  if (!planned.ok()) return planned.error();
+  return train_process(pool, planned.value(), o, {}, true);
 }
 
 std::string report_json(const WorkerReport& r, const WorkerOptions& o) {

@@ -17,6 +17,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
+using namespace std::chrono_literals;
 
 // One process of 8 devices, plain fsdp: the reference every layout matches.
 const WorkerReport& reference(const TempDir& dir) {
@@ -104,6 +105,24 @@ TEST(Worker, BadInputIsOneLineWithTheNumbersBeforeAnyStep) {
     EXPECT_THAT(r.err, HasSubstr(c.says)) << describe(r);
     EXPECT_EQ(occurrences(r.err, "step 1/"), 0) << "nothing trained";
   }
+}
+
+// ------------------------------------------------------------ layout-parity
+
+TEST(LayoutParity, EveryLayoutOfEightDevicesPassesInOneProcessAndAsAPool) {
+  auto alone = run({dew_exe(), "layout-parity", "--devices", "8"}, {}, 120s);
+  EXPECT_EQ(alone.exit_code, 0) << describe(alone);
+  EXPECT_THAT(alone.out, MatchesRegex("(.|\n)*floor \\(one device, batch reversed\\) +- +[0-9.e+-]+ (.|\n)*"));
+  EXPECT_THAT(alone.out, MatchesRegex("(.|\n)*\ndata=2,fsdp=2,tensor=2 +- +([0-9.e+-]+ +){6}pass\n(.|\n)*"));
+  EXPECT_THAT(alone.out, MatchesRegex("(.|\n)*\ndata=1,fsdp=2,sequence=4 +gather +([0-9.e+-]+ +){6}pass\n(.|\n)*"));
+  EXPECT_THAT(alone.out, HasSubstr("refused: tensor 8 must divide the kv heads (2)"));
+  EXPECT_THAT(alone.err, HasSubstr("layout-parity: 23 passed, 0 failed, 27 refused by the rules"));
+  EXPECT_EQ(occurrences(alone.out, " pass\n"), 23);
+  // As a pool of 4 processes x 2 devices, hybrid layouts run too.
+  auto pool = dew_launch({"--processes-per-host", "4", "--", dew_exe(), "layout-parity"}, {}, 120s);
+  EXPECT_EQ(pool.exit_code, 0) << describe(pool);
+  EXPECT_THAT(pool.out, MatchesRegex("(.|\n)*\n\\[0\\] data=2,fsdp=2,sequence=2,replicas=2 +all-to-all +([0-9.e+-]+ +){6}pass\n(.|\n)*"));
+  EXPECT_THAT(pool.err, HasSubstr("layout-parity: 33 passed, 0 failed, 17 refused by the rules"));
 }
 
 // ------------------------------------------------------------- checkpoints

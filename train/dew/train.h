@@ -160,6 +160,11 @@ Result<mesh::Mesh> plan_layout(const WorkerOptions& options, int processes);
 Result<WorkerReport> run_worker(runtime::Pool& pool, const WorkerOptions& options,
                                 const std::function<void(const StepRecord&)>& progress = {});
 
+// The same training on one device of this process alone (no collectives,
+// no checkpoints, no cache): the reference of `dew layout-parity`. Any
+// process may call it by itself.
+Result<WorkerReport> run_one_device(runtime::Pool& pool, WorkerOptions options);
+
 // Where the worker caches its dataset by default: $DEW_CACHE_DIR/worker,
 // $XDG_CACHE_HOME/dew/worker or $HOME/.cache/dew/worker.
 std::string default_cache_dir();

@@ -1,0 +1,93 @@
+// `dew worker` on the real two-node test cluster: the design page's hybrid
+// pool under srun --dew-pool, srun --mpi=pmix and dew launch --slurm inside
+// an allocation, each against one process of 8 devices; and the failure
+// drills under srun --dew-pool, where the plugin ends the step.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "srun_output.h"
+#include "worker_helpers.h"
+
+namespace dew::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+// The plugin's coordinator host is the node name, which does not resolve
+// on this one-host cluster: name the address instead.
+const std::vector<std::string> kDewPool = {"--dew-pool", "--dew-coordinator=127.0.0.1"};
+
+std::vector<std::string> worker_args(const std::string& out, std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {dew_exe(), "worker", "--cache-dir", "off", "--devices-per-process", "2",
+                                   "--mesh", R"({"fsdp": 2, "replicas": 2})", "--out", out};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+std::vector<std::string> srun_args(std::vector<std::string> mode, const std::vector<std::string>& worker) {
+  mode.insert(mode.end(), {"-N2", "--ntasks-per-node=2"});
+  mode.insert(mode.end(), worker.begin(), worker.end());
+  return mode;
+}
+
+TEST(WorkerSlurm, TheHybridPoolMatchesOneProcessUnderEveryLauncher) {
+  TempDir dir;
+  ASSERT_EQ(alone_worker(8, {"--mesh", R"({"fsdp": 8})", "--out", dir / "one.json"}).exit_code, 0);
+  const auto one = read_report(dir / "one.json").losses;
+  const std::vector<std::pair<std::string, std::vector<std::string>>> launchers = {
+      {"srun --dew-pool", kDewPool}, {"srun --mpi=pmix", {"--mpi=pmix"}}};
+  for (const auto& [name, mode] : launchers) {
+    SCOPED_TRACE(name);
+    const std::string out = dir / "pool.json";
+    std::filesystem::remove(out);
+    auto r = cluster().srun(srun_args(mode, worker_args(out)), {}, 120s);
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    const auto pool = read_report(out);
+    EXPECT_EQ(pool.fsdp_groups, (std::vector<std::vector<int>>{{0, 1}, {0, 1}, {2, 3}, {2, 3}}));
+    EXPECT_LT(loss_gap(pool.losses, one), 1e-6);
+    EXPECT_THAT(r.err, HasSubstr("[0] step 20/20: loss"));
+  }
+  // dew launch --slurm inside an allocation (the plugin gives the pool).
+  const std::string out = dir / "launch.json";
+  std::vector<std::string> args = {"salloc", "-N2", "--ntasks-per-node=2", "--quiet", dew_exe(), "launch",
+                                   "--slurm", "--processes-per-host", "2", "--coordinator", "127.0.0.1", "--"};
+  const auto worker = worker_args(out);
+  args.insert(args.end(), worker.begin(), worker.end());
+  auto r = cluster().command(args, {}, 120s);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_LT(loss_gap(read_report(out).losses, one), 1e-6);
+  EXPECT_EQ(read_report(out).fsdp_groups, (std::vector<std::vector<int>>{{0, 1}, {0, 1}, {2, 3}, {2, 3}}));
+}
+
+TEST(WorkerSlurm, ALoaderThatThrowsEndsTheStepNamingItsRank) {
+  TempDir dir;
+  auto r = cluster().srun(srun_args(kDewPool, worker_args(dir / "x.json", {"--drill", "loader-throws@3:4"})), {}, 60s);
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  EXPECT_LT(r.seconds, 15.0);
+  EXPECT_EQ(occurrences(r.err, "[3] error: uncaught exception: data loader: cannot read the batch of step 4"), 1)
+      << describe(r);
+  EXPECT_EQ(occurrences(r.err, "dew: rank 3 ended with exit code 1"), 1) << describe(r);
+  EXPECT_EQ(occurrences(r.err, "ended with exit code 75"), 0) << describe(r);
+}
+
+TEST(WorkerSlurm, AStalledRankIsNamedByTheWatchdogAndByThePatience) {
+  TempDir dir;
+  auto in_step = cluster().srun(
+      srun_args(kDewPool, worker_args(dir / "x.json", {"--drill", "stall-in-step@2:3", "--watchdog", "2s"})), {}, 60s);
+  EXPECT_EQ(in_step.exit_code, 124) << describe(in_step);
+  EXPECT_THAT(in_step.err, HasSubstr("[2] error: step 3: device 4 stalled outside any collective"));
+  EXPECT_EQ(occurrences(in_step.err, "dew: rank 2 ended with exit code 124"), 1) << describe(in_step);
+  auto before_agreement =
+      cluster().srun(srun_args(kDewPool, worker_args(dir / "y.json", {"--drill", "stall-before-checkpoint@1:2",
+                                                                      "--checkpoint-dir", dir / "ck",
+                                                                      "--checkpoint-every", "2"})),
+                     {{"DEW_AGREEMENT_PATIENCE_SECONDS", "2"}}, 60s);
+  EXPECT_NE(before_agreement.exit_code, 0) << describe(before_agreement);
+  EXPECT_LT(before_agreement.seconds, 20.0);
+  EXPECT_THAT(before_agreement.err,
+              HasSubstr("agreement 'checkpoint at step 2' ran out of patience after 2 s: process 1 never arrived"));
+}
+
+}  // namespace
+}  // namespace dew::testing
