@@ -19,6 +19,10 @@
 namespace dew::train {
 namespace {
 
+// How long a device whose collective failed waits for the pool's word of a
+// failed peer before it fails the pool itself.
+constexpr auto kPeerNoticeGrace = std::chrono::seconds(2);
+
 struct Resumed {
   Manifest manifest;
   std::vector<double> state;
@@ -133,7 +137,11 @@ Result<WorkerReport> train_process(runtime::Pool& pool, const mesh::Mesh& layout
     threads.emplace_back([&, d] {
       results[std::size_t(d)] = train_device(run, d);
       // Its peers wait for it inside collectives: its error ends the pool.
+      // A collective fails also when a peer process died: the pool's word
+      // of that peer (which ends this process with the peer-failed code,
+      // naming it) comes within a moment, so it gets that moment first.
       if (!results[std::size_t(d)].ok()) {
+        if (!local_only) std::this_thread::sleep_for(kPeerNoticeGrace);
         pool.fail("device " + std::to_string(first_device + d) + ": " + results[std::size_t(d)].error().message);
       }
     });

@@ -32,6 +32,8 @@ TEST(WorkerDrills, ALoaderThatThrowsEndsThePoolNamingItsRankOnce) {
       << r.err;
   EXPECT_EQ(occurrences(r.err, "dew launch: rank 2 on localhost ended with exit code 1"), 1) << r.err;
   EXPECT_EQ(occurrences(r.err, "step 5/20"), 0) << "step 5 never finished";
+  EXPECT_EQ(occurrences(r.err, "error: "), 1) << "no peer blames its broken collective: " << r.err;
+  EXPECT_EQ(occurrences(r.err, "dew launch: rank "), 1) << r.err;
 }
 
 TEST(WorkerDrills, ARankStalledInsideAStepIsNamedByTheStepWatchdog) {

@@ -69,6 +69,8 @@ TEST(WorkerSlurm, ALoaderThatThrowsEndsTheStepNamingItsRank) {
       << describe(r);
   EXPECT_EQ(occurrences(r.err, "dew: rank 3 ended with exit code 1"), 1) << describe(r);
   EXPECT_EQ(occurrences(r.err, "ended with exit code 75"), 0) << describe(r);
+  EXPECT_EQ(occurrences(r.err, "dew: rank "), 1) << "only rank 3 is named: " << describe(r);
+  EXPECT_EQ(occurrences(r.err, "] error: "), 1) << "no peer blames its broken collective: " << describe(r);
 }
 
 TEST(WorkerSlurm, AStalledRankIsNamedByTheWatchdogAndByThePatience) {
