@@ -5,6 +5,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include "srun_output.h"
 #include "worker_helpers.h"
 
@@ -18,9 +20,13 @@ using namespace std::chrono_literals;
 // on this one-host cluster: name the address instead.
 const std::vector<std::string> kDewPool = {"--dew-pool", "--dew-coordinator=127.0.0.1"};
 
+// The hybrid pool of the design page, without the dataset cache unless
+// `extra` names one; `extra` may also replace the mesh.
 std::vector<std::string> worker_args(const std::string& out, std::vector<std::string> extra = {}) {
-  std::vector<std::string> args = {dew_exe(), "worker", "--cache-dir", "off", "--devices-per-process", "2",
-                                   "--mesh", R"({"fsdp": 2, "replicas": 2})", "--out", out};
+  std::vector<std::string> args = {dew_exe(), "worker", "--devices-per-process", "2", "--out", out};
+  const auto has = [&](const char* flag) { return std::find(extra.begin(), extra.end(), flag) != extra.end(); };
+  if (!has("--mesh")) args.insert(args.end(), {"--mesh", R"({"fsdp": 2, "replicas": 2})"});
+  if (!has("--cache-dir")) args.insert(args.end(), {"--cache-dir", "off"});
   args.insert(args.end(), extra.begin(), extra.end());
   return args;
 }
@@ -58,6 +64,44 @@ TEST(WorkerSlurm, TheHybridPoolMatchesOneProcessUnderEveryLauncher) {
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   EXPECT_LT(loss_gap(read_report(out).losses, one), 1e-6);
   EXPECT_EQ(read_report(out).fsdp_groups, (std::vector<std::vector<int>>{{0, 1}, {0, 1}, {2, 3}, {2, 3}}));
+}
+
+TEST(WorkerSlurm, SequenceAndTensorLayoutsAcrossTheNodesMatchOneProcess) {
+  TempDir dir;
+  ASSERT_EQ(alone_worker(8, {"--mesh", R"({"fsdp": 8})", "--out", dir / "one.json"}).exit_code, 0);
+  const auto one = read_report(dir / "one.json").losses;
+  for (const std::string mesh : {R"({"fsdp": 2, "sequence": 2, "replicas": 2})", "tensor=2,sequence=2,fsdp=2"}) {
+    SCOPED_TRACE(mesh);
+    std::vector<std::string> args = kDewPool;
+    args.insert(args.end(), {"-N2", "--ntasks-per-node=1", dew_exe(), "worker", "--cache-dir", "off",
+                             "--devices-per-process", "4", "--mesh", mesh, "--out", dir / "pool.json"});
+    auto r = cluster().srun(args, {}, 120s);
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    EXPECT_LT(loss_gap(read_report(dir / "pool.json").losses, one), 1e-6);
+    EXPECT_NE(read_report(dir / "pool.json").exchange, "local");
+  }
+}
+
+TEST(WorkerSlurm, TwoPoolsAtOnceAndTheCacheOfASecondRun) {
+  TempDir dir;
+  RunResult first, second;
+  std::thread a([&] { first = cluster().srun(srun_args(kDewPool, worker_args(dir / "a.json")), {}, 120s); });
+  std::thread b([&] {
+    second = cluster().srun(srun_args(kDewPool, worker_args(dir / "b.json", {"--mesh", "fsdp=8"})), {}, 120s);
+  });
+  a.join();
+  b.join();
+  ASSERT_EQ(first.exit_code, 0) << describe(first);
+  ASSERT_EQ(second.exit_code, 0) << describe(second);
+  EXPECT_LT(loss_gap(read_report(dir / "a.json").losses, read_report(dir / "b.json").losses), 1e-6);
+  // The dataset under the compile-cache key: the second run finds it on every process.
+  const std::vector<std::string> cached = {"--steps", "3", "--cache-dir", dir / "cache"};
+  auto cold = cluster().srun(srun_args(kDewPool, worker_args(dir / "c.json", cached)), {}, 60s);
+  ASSERT_EQ(cold.exit_code, 0) << describe(cold);
+  EXPECT_THAT(cold.err, HasSubstr("[0] cache: 0 of 4 processes found the tokenized dataset"));
+  auto warm = cluster().srun(srun_args(kDewPool, worker_args(dir / "c.json", cached)), {}, 60s);
+  ASSERT_EQ(warm.exit_code, 0) << describe(warm);
+  EXPECT_THAT(warm.err, HasSubstr("[0] cache: every process (4) found the tokenized dataset"));
 }
 
 TEST(WorkerSlurm, ALoaderThatThrowsEndsTheStepNamingItsRank) {
