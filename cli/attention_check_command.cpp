@@ -8,8 +8,6 @@
 // mesh (--mesh, default every device on the sequence axis) is laid over
 // them; a device's sequence group talks over Gloo through
 // make_axis_communicator (runtime/comm), and a tensor axis splits the heads.
-#include <cblas.h>
-
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -98,15 +96,9 @@ int run(const CheckOptions& o) {
   if (o.exchanges != "both" && o.exchanges != "all-to-all" && o.exchanges != "gather" && o.exchanges != "auto") {
     return report(not_allowed("--exchange", o.exchanges, "both, auto, all-to-all, gather"));
   }
-  // Devices are threads: one OpenBLAS thread each, as one accelerator each.
-  openblas_set_num_threads(1);
-  std::optional<runtime::Pool> joined;
-  try {
-    joined.emplace(runtime::join());
-  } catch (const runtime::PoolError& e) {
-    return report(Error{e.code(), e.what()});
-  }
-  runtime::Pool& pool = *joined;
+  auto joined = join_with_cpu_devices();
+  if (!joined.ok()) return report(joined.error());
+  runtime::Pool& pool = joined.value();
   auto setup = prepare_check(o, pool.size(), pool.rank());
   if (!setup.ok()) return report(setup.error());
   const CheckSetup& s = setup.value();

@@ -6,6 +6,7 @@
 #include <functional>
 #include <string_view>
 
+#include "dew/pool.h"
 #include "dew/result.h"
 
 namespace dew::cli {
@@ -36,6 +37,11 @@ void add_layout_parity_command(CLI::App& app);
 // "dew <name>: ", an exception that escapes it is one line (exit 1), and a
 // non-zero code it returns is the process's exit code as it is.
 void run_subcommand(std::string_view name, const std::function<int()>& body);
+
+// Joins this process's pool for a command whose devices are CPU threads
+// (worker, layout-parity, attention-check): OpenBLAS gets one thread per
+// device, as one accelerator each. A failed join is the pool's error.
+Result<runtime::Pool> join_with_cpu_devices();
 
 // Logs the error's line and returns `code` (1: the command failed; 2: bad usage).
 int report(const Error& error, int code = 1);

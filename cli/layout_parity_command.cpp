@@ -4,8 +4,6 @@
 // group, are within --factor times the reference's own deviation when only
 // the order of the batch's sums changes. Prints a table; exits 1 if any
 // layout fails.
-#include <cblas.h>
-
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -60,14 +58,9 @@ int run(const ParityArgs& a) {
                                    " and --factor " + std::to_string(a.factor) +
                                    ": allowed: devices and steps from 1, a factor from 1"), 2);
   }
-  openblas_set_num_threads(1);
-  std::optional<runtime::Pool> joined;
-  try {
-    joined.emplace(runtime::join());
-  } catch (const runtime::PoolError& e) {
-    return report(Error{e.code(), e.what()});
-  }
-  runtime::Pool& pool = *joined;
+  auto joined = join_with_cpu_devices();
+  if (!joined.ok()) return report(joined.error());
+  runtime::Pool& pool = joined.value();
   if (a.devices % pool.size() != 0) {
     return report(invalid_argument("--devices " + std::to_string(a.devices) + " does not split over " +
                                    counted(pool.size(), "process", "processes") + "; allowed: a multiple of " +

@@ -1,5 +1,6 @@
 // The `dew` command: one binary, one subcommand per job.
 #include <CLI/CLI.hpp>
+#include <cblas.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -21,6 +22,15 @@ void run_subcommand(std::string_view name, const std::function<int()>& body) {
     report(internal_error(e.what()));
   }
   if (code != 0) finish(code);
+}
+
+Result<runtime::Pool> join_with_cpu_devices() {
+  openblas_set_num_threads(1);
+  try {
+    return runtime::join();
+  } catch (const runtime::PoolError& e) {
+    return Error{e.code(), e.what()};
+  }
 }
 
 int report(const Error& error, int code) {

@@ -3,8 +3,6 @@
 // with several CPU devices); it trains the small transformer of dew/train.h
 // over the layout --mesh gives, prints a line per step from process 0 and
 // writes --out (the losses, the fsdp groups, the mesh) atomically.
-#include <cblas.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -80,15 +78,9 @@ std::string groups_text(const std::vector<std::vector<int>>& groups) {
 
 int run(WorkerArgs& a) {
   if (auto resolved = resolve(a); !resolved.ok()) return report(resolved.error(), 2);
-  // Devices are threads: one OpenBLAS thread each, as one accelerator each.
-  openblas_set_num_threads(1);
-  std::optional<runtime::Pool> joined;
-  try {
-    joined.emplace(runtime::join());
-  } catch (const runtime::PoolError& e) {
-    return report(Error{e.code(), e.what()});
-  }
-  runtime::Pool& pool = *joined;
+  auto joined = join_with_cpu_devices();
+  if (!joined.ok()) return report(joined.error());
+  runtime::Pool& pool = joined.value();
   auto layout = train::plan_layout(a.options, pool.size());
   if (!layout.ok()) return report(layout.error(), 2);
   const int tokens = a.options.batch * a.options.model.length;

@@ -35,7 +35,9 @@ struct StepSplit {
     const auto start = Clock::now();
     auto result = work();
     seconds[what] += std::chrono::duration<double>(Clock::now() - start).count();
-    if (watch) watch->collective_ends(local_device);
+    // A collective cut short by a dead peer leaves the device waiting on
+    // the pool's word of it, not stalled.
+    if (watch && result.ok()) watch->collective_ends(local_device);
     return result;
   }
 };

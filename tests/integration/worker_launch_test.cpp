@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <map>
 #include <regex>
 #include <set>
 
@@ -19,13 +20,16 @@ using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
 using namespace std::chrono_literals;
 
-// One process of 8 devices, plain fsdp: the reference every layout matches.
-const WorkerReport& reference(const TempDir& dir) {
-  static WorkerReport report;
+// One process of 8 devices, plain fsdp: the reference every layout matches
+// (its first `steps` steps).
+const WorkerReport& reference(const TempDir& dir, int steps = 20) {
+  static std::map<int, WorkerReport> reports;
+  WorkerReport& report = reports[steps];
   if (report.losses.empty()) {
-    auto r = alone_worker(8, {"--mesh", R"({"fsdp": 8})", "--out", dir / "reference.json"});
+    const std::string out = dir / ("reference-" + std::to_string(steps) + ".json");
+    auto r = alone_worker(8, {"--mesh", R"({"fsdp": 8})", "--steps", std::to_string(steps), "--out", out});
     EXPECT_EQ(r.exit_code, 0) << describe(r);
-    report = read_report(dir / "reference.json");
+    report = read_report(out);
   }
   return report;
 }
@@ -72,10 +76,10 @@ TEST(Worker, EveryLayoutTrainsAsOneProcessOfEightDevices) {
     const std::string out = dir / "layout.json";
     std::filesystem::remove(out);
     auto r = launch_worker(l.processes, {"--devices-per-process", std::to_string(l.devices), "--mesh", l.mesh,
-                                         "--exchange", l.exchange, "--out", out});
+                                         "--exchange", l.exchange, "--steps", "8", "--out", out});
     ASSERT_EQ(r.exit_code, 0) << describe(r);
     const auto report = read_report(out);
-    EXPECT_LT(loss_gap(report.losses, reference(dir).losses), 1e-6);
+    EXPECT_LT(loss_gap(report.losses, reference(dir, 8).losses), 1e-6);
     if (l.exchange != "auto") {
       EXPECT_EQ(report.exchange, l.exchange);
     }
@@ -110,7 +114,7 @@ TEST(Worker, BadInputIsOneLineWithTheNumbersBeforeAnyStep) {
 // ------------------------------------------------------------ layout-parity
 
 TEST(LayoutParity, EveryLayoutOfEightDevicesPassesInOneProcessAndAsAPool) {
-  auto alone = run({dew_exe(), "layout-parity", "--devices", "8"}, {}, 120s);
+  auto alone = run({dew_exe(), "layout-parity", "--devices", "8", "--steps", "2"}, {}, 120s);
   EXPECT_EQ(alone.exit_code, 0) << describe(alone);
   EXPECT_THAT(alone.out, MatchesRegex("(.|\n)*floor \\(one device, batch reversed\\) +- +[0-9.e+-]+ (.|\n)*"));
   EXPECT_THAT(alone.out, MatchesRegex("(.|\n)*\ndata=2,fsdp=2,tensor=2 +- +([0-9.e+-]+ +){6}pass\n(.|\n)*"));
@@ -119,7 +123,7 @@ TEST(LayoutParity, EveryLayoutOfEightDevicesPassesInOneProcessAndAsAPool) {
   EXPECT_THAT(alone.err, HasSubstr("layout-parity: 23 passed, 0 failed, 27 refused by the rules"));
   EXPECT_EQ(occurrences(alone.out, " pass\n"), 23);
   // As a pool of 4 processes x 2 devices, hybrid layouts run too.
-  auto pool = dew_launch({"--processes-per-host", "4", "--", dew_exe(), "layout-parity"}, {}, 120s);
+  auto pool = dew_launch({"--processes-per-host", "4", "--", dew_exe(), "layout-parity", "--steps", "2"}, {}, 120s);
   EXPECT_EQ(pool.exit_code, 0) << describe(pool);
   EXPECT_THAT(pool.out, MatchesRegex("(.|\n)*\n\\[0\\] data=2,fsdp=2,sequence=2,replicas=2 +all-to-all +([0-9.e+-]+ +){6}pass\n(.|\n)*"));
   EXPECT_THAT(pool.err, HasSubstr("layout-parity: 33 passed, 0 failed, 17 refused by the rules"));

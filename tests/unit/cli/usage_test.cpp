@@ -25,7 +25,7 @@ TEST(Usage, AnUnknownCommandIsNamedWithTheAllowedOnes) {
   auto r = dew({"bogus"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(r.err, "dew: 'bogus' is not a dew command; allowed: topo, mesh, env, attention-plan, attention-check, "
-                   "launch (dew --help lists them)\n");
+                   "launch, worker, layout-parity (dew --help lists them)\n");
 }
 
 TEST(Usage, ALaunchWithNothingAfterTheSeparatorSaysSo) {
