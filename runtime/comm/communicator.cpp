@@ -19,11 +19,14 @@ Result<Done> reduce_scatter_via_all_to_all(Communicator& comm, std::span<const T
   gathered.resize(send.size());
   auto done = comm.all_to_all<T>(send, gathered);
   if (!done.ok()) return done;
+  // Rank by rank over the whole chunk: each element still adds the ranks
+  // in rank order (the same bits), but the loop reads memory in order and
+  // vectorizes.
   const std::size_t chunk = recv.size();
-  for (std::size_t i = 0; i < chunk; ++i) {
-    T sum = gathered[i];
-    for (std::size_t r = 1; r < n; ++r) sum += gathered[r * chunk + i];
-    recv[i] = sum;
+  std::copy(gathered.begin(), gathered.begin() + static_cast<std::ptrdiff_t>(chunk), recv.begin());
+  for (std::size_t r = 1; r < n; ++r) {
+    const T* from = gathered.data() + r * chunk;
+    for (std::size_t i = 0; i < chunk; ++i) recv[i] += from[i];
   }
   return Done{};
 }
@@ -36,9 +39,11 @@ Result<Done> all_reduce_via_reduce_scatter(Communicator& comm, std::span<T> data
   const std::size_t n = static_cast<std::size_t>(comm.size());
   if (n == 1 || data.empty()) return Done{};
   const std::size_t chunk = (data.size() + n - 1) / n;
-  std::vector<T> padded(chunk * n, T{0});
+  // Kept per thread, as reduce_scatter's: no fresh pages on every call.
+  thread_local std::vector<T> padded, mine;
+  padded.assign(chunk * n, T{0});
   std::copy(data.begin(), data.end(), padded.begin());
-  std::vector<T> mine(chunk);
+  mine.resize(chunk);
   auto reduced = comm.reduce_scatter(std::span<const T>(padded), std::span<T>(mine));
   if (!reduced.ok()) return reduced;
   auto gathered = comm.all_gather<T>(std::span<const T>(mine), std::span<T>(padded));
