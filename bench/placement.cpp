@@ -273,6 +273,62 @@ void against_id_order(const std::vector<Case>& fixtures) {
   }
 }
 
+// Boxes joined by slow links (6.3 GB/s), each a uniform NVSwitch box, a
+// DGX-1 hybrid cube mesh (NV1/NV2, PCIe between the rest) or two hidden
+// quads in eight; ids in box order and shuffled.
+Matrix boxes_of(const std::string& kind, int boxes, unsigned seed) {
+  static const int dgx1[8][8] = {{0, 1, 1, 2, 2, 0, 0, 0}, {1, 0, 2, 1, 0, 2, 0, 0}, {1, 2, 0, 2, 0, 0, 1, 0},
+                                 {2, 1, 2, 0, 0, 0, 0, 1}, {2, 0, 0, 0, 0, 1, 1, 2}, {0, 2, 0, 0, 1, 0, 2, 1},
+                                 {0, 0, 1, 0, 1, 2, 0, 2}, {0, 0, 0, 1, 2, 1, 2, 0}};
+  const int n = 8 * boxes;
+  std::vector<int> label(n);
+  std::iota(label.begin(), label.end(), 0);
+  if (seed != 0) std::shuffle(label.begin(), label.end(), std::mt19937(seed));
+  return bandwidth_matrix(n, [&](int i, int j) {
+    const int a = label[i] % 8, b = label[j] % 8;
+    if (label[i] / 8 != label[j] / 8) return 6.3;
+    if (kind == "nvswitch") return 450.0;
+    if (kind == "quads") return a / 4 == b / 4 ? 100.0 : 24.0;
+    return dgx1[a][b] > 0 ? dgx1[a][b] * 25.0 : (a / 4 == b / 4 ? 10.0 : 8.0);
+  });
+}
+
+void multi_box(const Options& o) {
+  std::printf("\nboxes of 8 joined by 6.3 GB/s links: inner axes' slowest link (GB/s), placed against one box's "
+              "exact best and the id order; median time\n");
+  std::printf("  %-9s %5s %-9s %-28s %-22s %-22s %-22s %9s\n", "box", "boxes", "ids", "mesh", "placed",
+              "one box, exact", "id order", "time");
+  for (const std::string kind : {"nvswitch", "dgx1", "quads"}) {
+    for (int boxes : o.smoke ? std::vector<int>{3} : std::vector<int>{3, 4, 9}) {
+      for (unsigned seed : {0u, 7u}) {
+        const int n = 8 * boxes;
+        const Matrix m = boxes_of(kind, boxes, seed);
+        const Matrix one = boxes_of(kind, 1, 0);
+        for (const MeshShape& shape : {MeshShape{n / 2, 1, 1, 1, 2, 1}, MeshShape{n / 4, 1, 1, 1, 4, 1},
+                                       MeshShape{n / 4, 1, 1, 1, 2, 2}, MeshShape{n / 8, 1, 1, 1, 4, 2},
+                                       MeshShape{n / 8, 1, 1, 1, 2, 4}}) {
+          std::vector<int> order;
+          const double seconds =
+              median_seconds(o.runs, [&] { order = dew::mesh::place(m, n, shape).order; });
+          const MeshShape inner{8 / (shape[4] * shape[5]), 1, 1, 1, shape[4], shape[5]};
+          const Score best = dew::mesh::score_layout(one, 8, inner, dew::mesh::place(one, 8, inner).order);
+          const Score placed = dew::mesh::score_layout(m, n, shape, order);
+          const Score plain = dew::mesh::score_layout(m, n, shape, identity(n));
+          const auto inner_text = [&](const Score& s) {
+            char text[64];
+            std::snprintf(text, sizeof text, "tensor %g, sequence %g", s.bottleneck[4],
+                          shape[5] > 1 ? s.bottleneck[5] : 0.0);
+            return std::string(text);
+          };
+          std::printf("  %-9s %5d %-9s %-28s %-22s %-22s %-22s %7.1f ms\n", kind.c_str(), boxes,
+                      seed ? "shuffled" : "in order", shape_text(shape).c_str(), inner_text(placed).c_str(),
+                      inner_text(best).c_str(), inner_text(plain).c_str(), seconds * 1e3);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -292,5 +348,6 @@ int main(int argc, char** argv) {
   exact_search_sweep(o);
   against_brute_force(o, fixtures);
   against_id_order(fixtures);
+  multi_box(o);
   return 0;
 }

@@ -38,8 +38,9 @@
 // the strongest; then swaps between the weakest group and the others raise
 // its bottleneck while they can. Two blocks side by side pair their k-th
 // devices, and a block's inner order is not revisited once it is formed (the
-// heuristic's main limit). The result is kept only if it beats the id order,
-// so it is never worse; 72 devices take well under a millisecond.
+// heuristic's main limit). It is one of the starts of placement_large.cpp
+// (boxes placed exactly, then swaps that raise the score); the id order is
+// kept when nothing beats it, so the result is never worse.
 #include <algorithm>
 #include <bit>
 #include <cstdint>
@@ -48,6 +49,7 @@
 #include <optional>
 
 #include "dew/mesh.h"
+#include "placement_search.h"
 
 namespace dew::mesh {
 namespace {
@@ -55,8 +57,9 @@ namespace {
 using Mask = std::uint64_t;
 constexpr double kUnconstrained = -std::numeric_limits<double>::infinity();
 
-// Symmetric link strength: a pair is only as good as its slower direction.
-std::vector<double> symmetric(std::span<const double> bandwidth, int n) {
+}  // namespace
+
+std::vector<double> detail::symmetric(std::span<const double> bandwidth, int n) {
   std::vector<double> w(static_cast<std::size_t>(n) * n, 0.0);
   for (int i = 0; i < n; ++i) {
     for (int j = 0; j < n; ++j) {
@@ -65,6 +68,8 @@ std::vector<double> symmetric(std::span<const double> bandwidth, int n) {
   }
   return w;
 }
+
+namespace {
 
 class ExactSearch {
  public:
@@ -179,8 +184,9 @@ class ExactSearch {
   bool exhausted_ = false;
 };
 
-// Nullopt when the search ran out of its node budget.
-std::optional<std::vector<int>> place_exact(int n, const std::vector<double>& w, const std::vector<int>& dims) {
+}  // namespace
+
+std::optional<std::vector<int>> detail::place_exact(int n, const std::vector<double>& w, const std::vector<int>& dims) {
   std::vector<double> values;
   for (int i = 0; i < n; ++i) {
     for (int j = 0; j < n; ++j) {
@@ -223,6 +229,8 @@ std::optional<std::vector<int>> place_exact(int n, const std::vector<double>& w,
   if (!search.solve(thresholds, 0, &order)) return std::nullopt;
   return order;
 }
+
+namespace {
 
 // Bottom-up greedy grouping (see the top).
 class Heuristic {
@@ -345,15 +353,22 @@ Placement place(std::span<const double> bandwidth, int n, const MeshShape& shape
   std::vector<int> identity(n);
   std::iota(identity.begin(), identity.end(), 0);
   if (dims.empty()) return {identity, true};
-  const std::vector<double> w = symmetric(bandwidth, n);
+  const std::vector<double> w = detail::symmetric(bandwidth, n);
   if (n <= kExactPlacementLimit) {
-    if (auto order = place_exact(n, w, dims)) return {*order, true};
+    if (auto order = detail::place_exact(n, w, dims)) return {*order, true};
   }
-  std::vector<int> order = Heuristic(n, w).run(dims);
-  if (compare_scores(score_layout(bandwidth, n, shape, order), score_layout(bandwidth, n, shape, identity)) > 0) {
-    return {order, false};
+  // The best start of three (boxes, the greedy grouping, the id order),
+  // then swaps; ties keep the earlier, and the id order only when nothing
+  // beats it.
+  std::vector<int> best = identity;
+  std::vector<std::vector<int>> starts = {Heuristic(n, w).run(dims)};
+  if (auto boxes = detail::place_by_boxes(n, w, dims)) starts.insert(starts.begin(), *boxes);
+  for (auto& start : starts) {
+    if (compare_scores(score_layout(bandwidth, n, shape, start), score_layout(bandwidth, n, shape, best)) > 0) {
+      best = start;
+    }
   }
-  return {identity, false};
+  return {detail::improve_by_swaps(bandwidth, n, shape, best), false};
 }
 
 }  // namespace dew::mesh

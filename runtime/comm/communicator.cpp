@@ -41,9 +41,14 @@ Result<Done> all_reduce_via_reduce_scatter(Communicator& comm, std::span<T> data
   const std::size_t chunk = (data.size() + n - 1) / n;
   // Kept per thread, as reduce_scatter's: no fresh pages on every call.
   thread_local std::vector<T> padded, mine;
+  mine.resize(chunk);
+  if (data.size() == chunk * n) {  // no padding: straight from and back into data
+    auto reduced = comm.reduce_scatter(std::span<const T>(data), std::span<T>(mine));
+    if (!reduced.ok()) return reduced;
+    return comm.all_gather<T>(std::span<const T>(mine), data);
+  }
   padded.assign(chunk * n, T{0});
   std::copy(data.begin(), data.end(), padded.begin());
-  mine.resize(chunk);
   auto reduced = comm.reduce_scatter(std::span<const T>(padded), std::span<T>(mine));
   if (!reduced.ok()) return reduced;
   auto gathered = comm.all_gather<T>(std::span<const T>(mine), std::span<T>(padded));

@@ -57,6 +57,11 @@ std::string_view xml_root_name(std::string_view text) {
 }
 
 std::vector<std::string> smi_words(std::string_view line) {
+  // A paste copied from a script's comments (# on every line) or from a
+  // quoted reply (> on every line): the markers are no cell of the matrix.
+  std::size_t first = 0;
+  while (first < line.size() && (is_space(line[first]) || line[first] == '#' || line[first] == '>')) ++first;
+  line.remove_prefix(first);
   std::string clean;
   clean.reserve(line.size());
   for (std::size_t i = 0; i < line.size(); ++i) {

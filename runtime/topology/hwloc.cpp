@@ -355,6 +355,18 @@ std::optional<Error> hwloc_survives(const std::string& buffer, const std::string
 
 Result<Draft> read_hwloc_xml(std::string_view content, std::string_view name, int xml_version) {
   const std::string label(name);
+  // hwloc reads the XML of its own major version and older ones; a newer
+  // one fails deep inside it with a reason that does not say so.
+  const unsigned api = hwloc_get_api_version();
+  const int major = static_cast<int>(api >> 16);
+  if (xml_version > major) {
+    const std::string here = std::to_string(major) + "." + std::to_string((api >> 8) & 0xff) + "." +
+                             std::to_string(api & 0xff);
+    return unsupported(label + ": hwloc XML version " + std::to_string(xml_version) + ".0 is hwloc " +
+                       std::to_string(xml_version) + "'s format; Dew reads hwloc XML with the hwloc here, " + here +
+                       ", which reads versions 1 to " + std::to_string(major) + " (save the file with lstopo of hwloc " +
+                       std::to_string(major) + " on that machine, or use its NCCL topology or nvidia-smi topo -m)");
+  }
   auto topology = new_topology(label);
   if (!topology.ok()) return topology.error();
   // hwloc wants the buffer's size with its terminating NUL.

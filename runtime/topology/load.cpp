@@ -87,10 +87,11 @@ Result<detail::Draft> read_xml(std::string_view content, const std::string& name
   pugi::xml_node root = document.document_element();
   const std::string root_name = root.name();
   if (root_name == "topology") {
-    // hwloc 2.x writes version="2.0"; 1.x wrote no version at all.
-    const int version = root.attribute("version") ? root.attribute("version").as_int(2) : 1;
+    // hwloc 2.x writes version="2.0", hwloc 3 "3.0"; 1.x wrote no version
+    // at all. read_hwloc_xml refuses a major version past the hwloc here.
+    const int version = root.attribute("version") ? std::max(root.attribute("version").as_int(2), 2) : 1;
     if (auto error = check_hwloc_bounds(root, name)) return *error;
-    return detail::read_hwloc_xml(content, name, version >= 2 ? 2 : 1);
+    return detail::read_hwloc_xml(content, name, version);
   }
   if (root_name == "system") return detail::read_nccl_xml(content, name);
   return invalid_argument(name + ": XML root element <" + detail::printable(root_name) +

@@ -9,6 +9,7 @@
 // (upstream and downstream ports) into one <pci> of class 0x0604xx, so every
 // bridge element here is a whole switch. An <nvlink> targets a GPU (its bus
 // id), an NVSwitch (tclass 0x068000) or a CPU (POWER; not a GPU path).
+#include <cctype>
 #include <cstdlib>
 #include <map>
 #include <set>
@@ -25,6 +26,11 @@ namespace {
 // pugixml parses without recursion; this walk recurses, so bound it. Real
 // files nest cpu > pci > pci > pci > gpu > nvlink: under 10.
 constexpr int kMaxDepth = 64;
+
+std::string lowercase(std::string text) {
+  for (char& ch : text) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  return text;
+}
 
 struct Context {
   std::string root;
@@ -73,11 +79,12 @@ struct Reader {
     Context context;
     const std::string numaid = node.attribute("numaid").value();
     context.root = "cpu#" + std::to_string(cpus++);
-    if (!numaid.empty()) {
+    // NCCL writes numaid="-1" inside VMs: the node is unknown, not wrong.
+    if (!numaid.empty() && numaid != "-1") {
       char* end = nullptr;
       long value = std::strtol(numaid.c_str(), &end, 10);
       if (end == numaid.c_str() || *end != '\0' || value < 0 || value > 1 << 20) {
-        return fail("<cpu numaid=\"" + printable(numaid) + "\"> is not allowed; allowed: a NUMA node number");
+        return fail("<cpu numaid=\"" + printable(numaid) + "\"> is not allowed; allowed: a NUMA node number or -1");
       }
       context.numa_node = static_cast<int>(value);
       numa_ids.insert(numaid);
@@ -99,7 +106,12 @@ struct Reader {
     if (!bus_ids.insert(*bus_id).second) return fail("two <pci> elements have busid " + *bus_id);
     const std::string pci_class = node.attribute("class").value();
     pugi::xml_node gpu = node.child("gpu");
-    if (gpu) return add_gpu(node, gpu, *bus_id, context);
+    // A GPU: a <gpu> child (NCCL's own dumps), or a display controller
+    // (class 0x03xxxx) of NVIDIA's (vendor 0x10de) without one, as cloud
+    // images' topology files write them.
+    const bool nvidia_display =
+        pci_class.rfind("0x03", 0) == 0 && lowercase(node.attribute("vendor").value()) == "0x10de";
+    if (gpu || nvidia_display) return add_gpu(node, gpu, *bus_id, context);
     if (pci_class.rfind("0x0604", 0) == 0) {  // a PCIe switch
       Context below = context;
       below.switches.push_back(*bus_id);
@@ -115,20 +127,23 @@ struct Reader {
     site.gpu.numa_node = context.numa_node;
     site.gpu.cpu_affinity = context.cpu_affinity;
     site.place = PciPlace{context.root, context.switches, context.numa_node};
-    const int sm = gpu.attribute("sm").as_int(0);
+    const int sm = gpu ? gpu.attribute("sm").as_int(0) : 0;
     site.nvlink_gbps_per_link = nvlink_gbps_per_link("", sm);
     // link_speed="16.0 GT/s PCIe", link_width="16".
     const double rate = std::strtod(pci_node.attribute("link_speed").value(), nullptr);
     site.pcie_gbps = pcie_link_gbps(rate, pci_node.attribute("link_width").as_int(0));
-    for (pugi::xml_node link : gpu.children("nvlink")) {
+    // NVLinks sit under <gpu>; a file without one may give them under <pci>.
+    for (pugi::xml_node link : (gpu ? gpu : pci_node).children("nvlink")) {
       const std::string target = link.attribute("target").value();
       const std::string count_text = link.attribute("count").value();
-      const int count = link.attribute("count").as_int(0);
-      if (count <= 0 || count > 1024) {
-        return fail("<nvlink target=\"" + printable(target) + "\" count=\"" + printable(count_text) +
-                    "\"> is not allowed; allowed: a count of 1 to 1024 links");
+      char* end = nullptr;
+      const long count = std::strtol(count_text.c_str(), &end, 10);
+      if (count_text.empty() || *end != '\0' || count <= 0 || count > 1024) {
+        draft.notes.push_back("dropped <nvlink target=\"" + printable(target) + "\" count=\"" + printable(count_text) +
+                              "\"> of GPU " + bus_id + ": the count must be 1 to 1024 links");
+        continue;
       }
-      links.push_back(RawLink{bus_id, normalize_pci_bus_id(target).value_or(target), count,
+      links.push_back(RawLink{bus_id, normalize_pci_bus_id(target).value_or(target), int(count),
                               link.attribute("tclass").value()});
     }
     draft.gpus.push_back(std::move(site));
@@ -157,13 +172,21 @@ Result<Draft> read_nccl_xml(std::string_view content, std::string_view name) {
     NvLinkBundle bundle;
     bundle.gpu = raw.gpu;
     bundle.links = raw.count;
+    if (raw.target == raw.gpu) {
+      draft.notes.push_back("dropped an NVLink of GPU " + raw.gpu + " to itself");
+      continue;
+    }
     if (gpu_ids.count(raw.target) != 0) {
       bundle.peer = raw.target;
     } else if (raw.tclass == "0x068000") {
       bundle.peer = "nvswitch:" + raw.target;
       bundle.peer_is_switch = true;
-    } else {
+    } else if (raw.tclass.rfind("0x0600", 0) == 0) {
       continue;  // to a CPU (POWER's NVLink to the host): no GPU-to-GPU path
+    } else {
+      draft.notes.push_back("dropped an NVLink of GPU " + raw.gpu + " to " + printable(raw.target) +
+                            ": no GPU with that bus id in the file, and not an NVSwitch (tclass 0x068000)");
+      continue;
     }
     draft.nvlinks.push_back(bundle);
   }
@@ -173,6 +196,10 @@ Result<Draft> read_nccl_xml(std::string_view content, std::string_view name) {
   const std::string host_hash = system.child("cpu").attribute("host_hash").value();
   draft.granule = host_hash.empty() ? "file:" + base_name(name) : "host:" + host_hash;
   if (draft.gpus.empty()) draft.notes.push_back("no NVIDIA GPU found");
+  if (draft.gpus.size() > 1 && reader.links.empty()) {
+    draft.notes.push_back("no NVLink data in the file: GPU pairs are classed by PCIe alone (NCCL's dump on a "
+                          "machine with NVLink lists them under each <gpu>)");
+  }
   return std::move(reader.draft);
 }
 

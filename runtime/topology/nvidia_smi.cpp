@@ -188,7 +188,12 @@ class MatrixReader {
     row_line_.assign(gpu_columns_.size(), 0);
     for (std::size_t i = first_row_; i < lines_.size(); ++i) {
       const std::vector<std::string>& words = lines_[i];
-      if (words.empty() || words[0] == "Legend:" || (words.size() > 1 && words[1] == "Legend:")) break;
+      // The end: a blank line, the legend, or the closing fence of a
+      // Markdown code block (``` or ~~~) pasted with it.
+      if (words.empty() || words[0] == "Legend:" || (words.size() > 1 && words[1] == "Legend:") ||
+          words[0].rfind("```", 0) == 0 || words[0].rfind("~~~", 0) == 0) {
+        break;
+      }
       if (column_.find(words[0]) == column_.end()) {
         return fail(i, "row '" + printable(words[0]) + "' is not a device the header names");
       }

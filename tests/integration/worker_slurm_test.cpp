@@ -121,7 +121,9 @@ TEST(WorkerSlurm, AStalledRankIsNamedByTheWatchdogAndByThePatience) {
   TempDir dir;
   auto in_step = cluster().srun(
       srun_args(kDewPool, worker_args(dir / "x.json", {"--drill", "stall-in-step@2:3", "--watchdog", "2s"})), {}, 60s);
-  EXPECT_EQ(in_step.exit_code, 124) << describe(in_step);
+  // srun exits with the largest code of the step's tasks: 124, or 143 from
+  // peers the step's end reached first; the plugin's line names the rank.
+  EXPECT_NE(in_step.exit_code, 0) << describe(in_step);
   EXPECT_THAT(in_step.err, HasSubstr("[2] error: step 3: device 4 stalled outside any collective"));
   EXPECT_EQ(occurrences(in_step.err, "dew: rank 2 ended with exit code 124"), 1) << describe(in_step);
   EXPECT_EQ(occurrences(in_step.err, "stalled outside"), 1) << "only the stalled rank says so: " << describe(in_step);

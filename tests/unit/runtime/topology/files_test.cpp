@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "dew/text.h"
 #include "dew/topology.h"
 #include "topology_fixtures.h"
 
@@ -19,6 +20,7 @@ namespace fs = std::filesystem;
 using ::testing::AllOf;
 using ::testing::Contains;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::StartsWith;
 using testing::fixture;
 using testing::fixture_dir;
@@ -58,7 +60,7 @@ void expect_consistent(const Topology& t) {
 
 TEST(TopologyFixtures, EveryFixtureLoadsConsistently) {
   const std::vector<std::string> names = fixture_files();
-  ASSERT_EQ(names.size(), 16u) << "fixtures missing from " << fixture_dir();
+  ASSERT_EQ(names.size(), 18u) << "fixtures missing from " << fixture_dir();
   for (const std::string& name : names) {
     SCOPED_TRACE(name);
     auto topology = load_topology_file(fixture(name));
@@ -250,6 +252,31 @@ TEST(NcclXml, NvswitchLinksAreClosedOverTheFabric) {
 
 // --- nvidia-smi topo -m text ---
 
+// Cloud images' files: GPUs are display-class PCI devices of NVIDIA's with no
+// <gpu> child, inside a VM (numaid -1), with no NVLink data.
+TEST(NcclXml, CloudFilesWithoutGpuElementsFindEveryGpu) {
+  const Topology t = load("cloud-vm-8gpu.nccl-topo.xml");
+  ASSERT_EQ(t.size(), 8u) << "the NIC and the other vendor's display device are not GPUs";
+  expect_consistent(t);
+  EXPECT_EQ(cell(t, 0, 1), "PIX");
+  EXPECT_EQ(cell(t, 0, 2), "PHB");
+  EXPECT_EQ(t.gpus[0].numa_node, std::nullopt);
+  EXPECT_THAT(t.notes, Contains(HasSubstr("no NVLink data in the file")));
+  EXPECT_THAT(t.notes, Not(Contains(HasSubstr("no NVIDIA GPU"))));
+}
+
+TEST(NcclXml, EveryDroppedNvlinkGetsANote) {
+  const Topology t = load("odd-nvlinks.nccl-topo.xml");
+  ASSERT_EQ(t.size(), 2u);
+  EXPECT_EQ(cell(t, 0, 1), "NV4");
+  EXPECT_THAT(t.notes, Contains(HasSubstr("dropped an NVLink of GPU 0000:21:00.0 to itself")));
+  EXPECT_THAT(t.notes, Contains(HasSubstr("dropped an NVLink of GPU 0000:21:00.0 to 0000:99:00.0: no GPU with that "
+                                          "bus id in the file")));
+  EXPECT_THAT(t.notes, Contains(HasSubstr("dropped <nvlink target=\"0000:41:00.0\" count=\"lots\"> of GPU "
+                                          "0000:21:00.0: the count must be 1 to 1024 links")));
+  EXPECT_THAT(t.notes, Not(Contains(HasSubstr("no NVLink data"))));
+}
+
 TEST(NvidiaSmiText, Rtx3090BoxWithEscapesGivesClassesNvCountsAndAffinity) {
   Topology t = load("rtx3090-4gpu.nvidia-smi-topo.txt");
   ASSERT_EQ(t.size(), 4u);
@@ -288,6 +315,43 @@ TEST(NvidiaSmiText, SocIsTheOldNameOfSys) {
   auto t = parse_topology_text("\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tSOC\t0-7\nGPU1\tSOC\t X \t8-15\n", "old.txt");
   ASSERT_TRUE(t.ok()) << t.error().message;
   EXPECT_EQ(t.value().path[1], PathClass::kSYS);
+}
+
+// The text as people paste it: after the prompt that ran it, inside a
+// Markdown code block whose closing fence follows the last row, behind # on
+// every line (from a script's comments), behind > (a quoted reply), with the
+// legend right after the rows.
+TEST(NvidiaSmiText, PastesWithPromptsFencesCommentMarkersAndLegends) {
+  const std::string text = read(fixture("dgx1v.nvidia-smi-topo.txt"));
+  auto plain = parse_topology_text(text, "plain.txt");
+  ASSERT_TRUE(plain.ok()) << plain.error().message;
+  std::string matrix;  // the header and rows only, without the blank line and legend
+  for (const auto& line : split(text, '\n')) {
+    if (line.find("Legend") != std::string::npos) break;
+    if (!line.empty()) matrix += line + "\n";
+  }
+  const auto each_line = [](const std::string& body, const std::string& prefix) {
+    std::string out;
+    for (const auto& line : split(body, '\n')) out += prefix + line + "\n";
+    return out;
+  };
+  const std::vector<std::pair<std::string, std::string>> pastes = {
+      {"fence", "$ nvidia-smi topo -m\n```\n" + matrix + "```\n"},
+      {"fence with language", "```text\n" + matrix + "```\nmore text after it\n"},
+      {"hash", each_line(text, "# ")},
+      {"hash, no space", each_line(matrix, "#")},
+      {"quote", each_line(matrix, "> ")},
+      {"legend at once", matrix + "Legend:\n\n  X    = Self\n  SYS  = Connection traversing PCIe\n"},
+      {"prompt", "user@dgx:~$ nvidia-smi topo -m\n" + matrix},
+  };
+  for (const auto& [what, paste] : pastes) {
+    SCOPED_TRACE(what);
+    EXPECT_EQ(detect_topology_format(paste), TopologyFormat::kNvidiaSmiText);
+    auto t = parse_topology_text(paste, "paste.txt");
+    ASSERT_TRUE(t.ok()) << t.error().message;
+    EXPECT_EQ(t.value().path, plain.value().path);
+    EXPECT_EQ(t.value().nvlinks, plain.value().nvlinks);
+  }
 }
 
 }  // namespace
