@@ -11,6 +11,8 @@
 
 #include "commands.h"
 #include "dew/mesh.h"
+#include "dew/pool.h"
+#include "dew/pool_topology.h"
 #include "dew/topology.h"
 
 namespace dew::cli {
@@ -22,7 +24,8 @@ constexpr int kMaxPoolDevices = 4096;
 
 struct MeshOptions {
   std::string spec;
-  std::string topology;
+  std::vector<std::string> topology;  // one file per host
+  bool pool = false;
   int processes = 0;
   int devices_per_process = 0;
   std::string devices;
@@ -60,6 +63,25 @@ Result<std::vector<int>> parse_devices(const std::string& text) {
   return ids;
 }
 
+// Several hosts planned offline: one file per host, one process per host
+// owning all its GPUs, a granule each (as the pool's topology would give).
+Result<mesh::DeviceGraph> hosts_of_files(const std::vector<std::string>& files) {
+  std::vector<mesh::HostPart> parts;
+  for (std::size_t k = 0; k < files.size(); ++k) {
+    auto loaded = topology::load_topology_file(files[k]);
+    if (!loaded.ok()) return loaded.error();
+    hosts::LocalFacts facts;
+    facts.process = static_cast<int>(k);
+    facts.host_id = "file" + std::to_string(k);
+    facts.host_name = files[k];
+    facts.topology_from_file = true;
+    auto part = hosts::local_part(loaded.value(), facts);
+    if (!part.ok()) return part.error();
+    parts.push_back(std::move(part.value()));
+  }
+  return mesh::hosts_graph(parts);
+}
+
 Result<mesh::DeviceGraph> load_graph(const MeshOptions& options) {
   if (options.processes != 0 || options.devices_per_process != 0) {
     if (options.processes < 1 || options.devices_per_process < 1 ||
@@ -71,11 +93,12 @@ Result<mesh::DeviceGraph> load_graph(const MeshOptions& options) {
     }
     return mesh::cpu_pool(options.processes, options.devices_per_process);
   }
-  auto loaded =
-      options.topology.empty() ? topology::detect_topology() : topology::load_topology_file(options.topology);
+  if (options.topology.size() > 1) return hosts_of_files(options.topology);
+  const std::string file = options.topology.empty() ? "" : options.topology.front();
+  auto loaded = file.empty() ? topology::detect_topology() : topology::load_topology_file(file);
   if (!loaded.ok()) return loaded.error();
   if (loaded.value().gpus.empty()) {
-    return unavailable((options.topology.empty() ? std::string("this machine") : options.topology) +
+    return unavailable((file.empty() ? std::string("this machine") : file) +
                  " has no GPUs to lay out; give --topology FILE for another machine, or --processes P "
                  "--devices-per-process D for a CPU pool");
   }
@@ -85,6 +108,12 @@ Result<mesh::DeviceGraph> load_graph(const MeshOptions& options) {
 std::string list(const std::vector<int>& values) {
   std::string out;
   for (const int value : values) out += (out.empty() ? "" : " ") + std::to_string(value);
+  return "[" + out + "]";
+}
+
+std::string list_json(const std::vector<int>& values) {
+  std::string out;
+  for (const int value : values) out += (out.empty() ? "" : ", ") + std::to_string(value);
   return "[" + out + "]";
 }
 
@@ -129,6 +158,42 @@ void print_text(const mesh::Mesh& mesh, std::ostream& out) {
   for (const auto& note : mesh.notes) out << "note      " << note << "\n";
 }
 
+// --pool: every process of the pool runs it; the mesh over every process's
+// real devices is the same on every rank. Process 0 prints it; with --json
+// every rank also prints its own part (its devices and their positions).
+int run_pool(const mesh::MeshSpec& spec, const std::optional<std::vector<int>>& order, bool json) {
+  std::optional<runtime::Pool> pool;
+  try {
+    pool.emplace(runtime::join());
+  } catch (const runtime::PoolError& e) {
+    return report(Error{e.code(), e.what()});
+  }
+  auto graph = hosts::pool_device_graph(*pool);
+  if (!graph.ok()) return report(graph.error());
+  auto built = mesh::build_mesh(spec, graph.value(), order);
+  if (!built.ok()) return report(built.error());
+  const mesh::Mesh& m = built.value();
+  if (pool->rank() == 0) {
+    if (json) {
+      std::cout << mesh::mesh_to_json(m) << "\n";
+    } else {
+      print_text(m, std::cout);
+    }
+  }
+  if (json) {
+    std::vector<int> devices, positions;
+    for (std::size_t k = 0; k < m.devices.size(); ++k) {
+      if (m.processes[k] != pool->rank()) continue;
+      devices.push_back(m.devices[k]);
+      positions.push_back(static_cast<int>(k));
+    }
+    std::cout << "{\"process\": " << pool->rank() << ", \"devices\": " << list_json(devices)
+              << ", \"positions\": " << list_json(positions) << "}\n";
+  }
+  std::cout.flush();
+  return 0;
+}
+
 int run(const MeshOptions& options) {
   const auto fail = [](const Error& error) { return report(error); };
   auto spec = mesh::parse_mesh_spec(options.spec);
@@ -139,6 +204,7 @@ int run(const MeshOptions& options) {
     if (!ids.ok()) return fail(ids.error());
     order = ids.value();
   }
+  if (options.pool) return run_pool(spec.value(), order, options.json);
   auto graph = load_graph(options);
   if (!graph.ok()) return fail(graph.error());
   auto built = mesh::build_mesh(spec.value(), graph.value(), order);
@@ -168,7 +234,13 @@ void add_mesh_command(CLI::App& app) {
   CLI::Option* topology = command->add_option(
       "--topology", options->topology,
       "Plan for the machine this file describes (hwloc XML, NCCL topology XML, saved nvidia-smi topo -m); "
-      "default: this machine");
+      "given once per host, for several hosts (a granule each, replicas across them); default: this machine");
+  CLI::Option* pool = command->add_flag(
+      "--pool", options->pool,
+      "Every process of this pool runs it (srun --dew-pool, srun --mpi=pmix, dew launch): each reads its host "
+      "(DEW_TOPOLOGY_FILE, else live), the pool gathers them, process 0 prints the mesh (--json: each rank its "
+      "part too)");
+  pool->excludes(topology);
   CLI::Option* processes = command->add_option("--processes", options->processes,
                                                "A CPU pool of this many processes (with --devices-per-process)");
   CLI::Option* per_process = command->add_option("--devices-per-process", options->devices_per_process,
@@ -176,6 +248,7 @@ void add_mesh_command(CLI::App& app) {
   processes->needs(per_process);
   per_process->needs(processes);
   topology->excludes(processes);
+  pool->excludes(processes);
   topology->excludes(per_process);
   command->add_option("--devices", options->devices,
                       "Fill the mesh row-major in exactly this device order, such as 0,2,1,3 (no placement)");

@@ -76,6 +76,33 @@ std::vector<double> bandwidth_matrix(int n, const std::function<double(int, int)
 // 0..P*D-1 process by process, one shared granule, equal links.
 DeviceGraph cpu_pool(int processes, int devices_per_process);
 
+// What one process of a pool knows of its host: the host's GPU topology
+// (its links in GB/s, host_gpus x host_gpus) and which of its GPUs the
+// process owns.
+struct HostPart {
+  int process = 0;
+  std::string host;       // what tells hosts apart: a boot id (two names of one host are one host)
+  std::string host_name;  // for messages
+  // The granule: the host's own ("host:<host>") unless hosts share an NVLink
+  // domain (the same fabric cluster UUID and clique), which is one granule.
+  std::string granule;
+  int host_gpus = 0;
+  std::vector<double> bandwidth;
+  std::vector<int> gpus;  // host GPU indices this process owns, in its device order
+};
+
+// Between hosts the network, which no topology file describes: below every
+// link inside a host, so that inner axes stay inside hosts.
+inline constexpr double kBetweenHostsGbps = 1.0;
+
+// The pool's devices (process by process), each in its part's granule
+// (default "host:<host>"): links inside a host are the host's, between hosts
+// of one NVLink domain the host's fastest, between other hosts
+// kBetweenHostsGbps; an error names the host and the numbers when hosts have
+// different GPU counts, when processes of one host read different
+// topologies, or when two processes claim one GPU.
+Result<DeviceGraph> hosts_graph(const std::vector<HostPart>& parts);
+
 // Per axis in MESH_AXES order, the smallest link bandwidth between two
 // devices of one group of that axis; +infinity for an axis of size 1.
 struct Score {

@@ -1,0 +1,126 @@
+#include "dew/pool_topology.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "dew/text.h"
+
+namespace dew::hosts {
+namespace {
+
+// "0,1" -> {0, 1}; nullopt for UUIDs, MIG names or anything not an index.
+std::optional<std::vector<int>> indices_of(const std::string& text) {
+  std::vector<int> out;
+  for (const auto& entry : split(text, ',')) {
+    auto value = parse_whole<int>(entry);
+    if (!value || *value < 0) return std::nullopt;
+    out.push_back(*value);
+  }
+  return out;
+}
+
+std::string boot_id() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(in, id);
+  return id;
+}
+
+}  // namespace
+
+Result<mesh::HostPart> local_part(const topology::Topology& host, const LocalFacts& f) {
+  mesh::HostPart part;
+  part.process = f.process;
+  part.host = f.host_id;
+  part.host_name = f.host_name;
+  part.host_gpus = static_cast<int>(host.gpus.size());
+  part.bandwidth = host.bandwidth_gbps;
+  // A live NVLink domain ("<cluster uuid>/<clique>") spans hosts; "host:..."
+  // and a file's name do not.
+  const bool domain = !f.topology_from_file && !host.granule.empty() && host.granule.rfind("host:", 0) != 0;
+  part.granule = domain ? host.granule : "host:" + f.host_id;
+  if (part.host_gpus == 0) {
+    return unavailable("host " + f.host_name + " has no GPUs in its topology (" + host.source + ")");
+  }
+  if (f.visible_devices && !f.visible_devices->empty()) {
+    if (auto indices = indices_of(*f.visible_devices)) {
+      part.gpus = *indices;
+      return part;
+    }
+  }
+  if (f.local_size < 1 || part.host_gpus % f.local_size != 0) {
+    return invalid_argument("host " + f.host_name + ": " + counted(part.host_gpus, "GPU") + " do not split over " +
+                            counted(f.local_size, "process", "processes") +
+                            " there; allowed: CUDA_VISIBLE_DEVICES as indices, or a process count dividing " +
+                            std::to_string(part.host_gpus));
+  }
+  const int share = part.host_gpus / f.local_size;
+  for (int g = 0; g < share; ++g) part.gpus.push_back(f.local_rank * share + g);
+  return part;
+}
+
+std::string encode_part(const mesh::HostPart& p) {
+  return nlohmann::json{{"process", p.process},     {"host", p.host},   {"host_name", p.host_name},
+                        {"granule", p.granule},     {"host_gpus", p.host_gpus},
+                        {"bandwidth", p.bandwidth}, {"gpus", p.gpus}}
+      .dump();
+}
+
+Result<mesh::HostPart> decode_part(std::string_view text) {
+  try {
+    const auto j = nlohmann::json::parse(text);
+    mesh::HostPart p;
+    p.process = j.at("process").get<int>();
+    p.host = j.at("host").get<std::string>();
+    p.host_name = j.at("host_name").get<std::string>();
+    p.granule = j.at("granule").get<std::string>();
+    p.host_gpus = j.at("host_gpus").get<int>();
+    p.bandwidth = j.at("bandwidth").get<std::vector<double>>();
+    p.gpus = j.at("gpus").get<std::vector<int>>();
+    if (p.host_gpus < 0 || p.host_gpus > 4096 ||
+        p.bandwidth.size() != std::size_t(p.host_gpus) * std::size_t(p.host_gpus)) {
+      return invalid_argument("pool topology: a part with " + std::to_string(p.host_gpus) + " GPUs and a " +
+                              std::to_string(p.bandwidth.size()) + "-value matrix");
+    }
+    return p;
+  } catch (const nlohmann::json::exception& e) {
+    return invalid_argument(std::string("pool topology: a process sent a part that is not one: ") + e.what());
+  }
+}
+
+Result<mesh::DeviceGraph> pool_device_graph(runtime::Pool& pool) {
+  LocalFacts facts;
+  const runtime::Identity& identity = pool.identity();
+  facts.process = pool.rank();
+  facts.local_rank = identity.local_rank;
+  facts.local_size = identity.local_size;
+  const char* host_id = std::getenv("DEW_HOST_ID");
+  facts.host_id = host_id && *host_id ? host_id : boot_id();
+  if (facts.host_id.empty()) facts.host_id = identity.hostname;
+  facts.host_name = identity.hostname;
+  if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES")) facts.visible_devices = visible;
+  const char* file = std::getenv("DEW_TOPOLOGY_FILE");
+  facts.topology_from_file = file && *file;
+  auto host = facts.topology_from_file ? topology::load_topology_file(file) : topology::detect_topology();
+  // Every process takes part in the gather, even one whose host failed, so
+  // that the others hear its error instead of waiting.
+  std::string mine;
+  Result<mesh::HostPart> part = host.ok() ? local_part(host.value(), facts) : Result<mesh::HostPart>(host.error());
+  mine = part.ok() ? encode_part(part.value()) : "error:" + part.error().message;
+  std::vector<mesh::HostPart> parts;
+  const auto all = pool.all_gather(mine);
+  for (std::size_t p = 0; p < all.size(); ++p) {
+    if (all[p].rfind("error:", 0) == 0) {
+      return unavailable("pool topology: process " + std::to_string(p) + ": " + all[p].substr(6));
+    }
+    auto decoded = decode_part(all[p]);
+    if (!decoded.ok()) return decoded.error();
+    parts.push_back(std::move(decoded.value()));
+  }
+  return mesh::hosts_graph(parts);
+}
+
+}  // namespace dew::hosts
