@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <stdexcept>
 
 namespace dew::train {
 namespace {
@@ -159,15 +160,25 @@ Result<Manifest> read_manifest(const std::string& directory) {
     if (j.at("format") != "dew-worker-checkpoint" || j.at("version") != 1) {
       return invalid_argument("checkpoint: " + path + " is not a version 1 dew worker manifest");
     }
+    // Whole numbers in range only: a float or a huge number is an error,
+    // never a conversion out of range.
+    const auto whole = [](const nlohmann::json& v, const char* what) {
+      if (!v.is_number_integer() || v.get<long long>() < 0 || v.get<long long>() > (1LL << 40)) {
+        throw std::invalid_argument(std::string(what) + " is not a whole number from 0 to 2^40");
+      }
+      return v.get<long long>();
+    };
     Manifest m;
-    m.step = j.at("step").get<int>();
+    m.step = int(std::min(whole(j.at("step"), "step"), (1LL << 30)));
     m.state = j.at("state").get<std::string>();
-    m.elements = j.at("elements").get<std::int64_t>();
+    m.elements = whole(j.at("elements"), "elements");
     m.dtype = j.at("dtype").get<std::string>();
     const auto& model = j.at("model");
-    m.model = ModelConfig{model.at("vocab"),  model.at("width"), model.at("layers"), model.at("heads"),
-                          model.at("kv_heads"), model.at("mlp"),  model.at("length")};
-    m.batch = j.at("batch").get<int>();
+    const auto field = [&](const char* name) { return int(std::min(whole(model.at(name), name), (1LL << 30))); };
+    m.model = ModelConfig{field("vocab"), field("width"), field("layers"), field("heads"),
+                          field("kv_heads"), field("mlp"), field("length")};
+    m.batch = int(std::min(whole(j.at("batch"), "batch"), (1LL << 30)));
+    if (!j.at("seed").is_number_unsigned()) throw std::invalid_argument("seed is not a whole number");
     m.seed = j.at("seed").get<std::uint64_t>();
     m.learning_rate = j.at("learning_rate").get<double>();
     m.mesh = j.at("mesh").get<std::string>();
@@ -178,6 +189,8 @@ Result<Manifest> read_manifest(const std::string& directory) {
     }
     return m;
   } catch (const nlohmann::json::exception& e) {
+    return invalid_argument("checkpoint: " + path + " is not a dew worker manifest: " + e.what());
+  } catch (const std::invalid_argument& e) {
     return invalid_argument("checkpoint: " + path + " is not a dew worker manifest: " + e.what());
   }
 }

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -20,6 +21,17 @@ std::optional<std::vector<int>> indices_of(const std::string& text) {
     out.push_back(*value);
   }
   return out;
+}
+
+// An integer field in [low, high]; anything else (a float, a string, a huge
+// number) is nullopt, never a conversion out of range.
+std::optional<long long> whole(const nlohmann::json& j, long long low, long long high) {
+  if (!j.is_number_integer()) return std::nullopt;
+  const long long value = j.is_number_unsigned() && j.get<unsigned long long>() > 1ULL << 62
+                              ? high + 1
+                              : j.get<long long>();
+  if (value < low || value > high) return std::nullopt;
+  return value;
 }
 
 std::string boot_id() {
@@ -70,24 +82,36 @@ std::string encode_part(const mesh::HostPart& p) {
 }
 
 Result<mesh::HostPart> decode_part(std::string_view text) {
+  const auto bad = [](const std::string& what) {
+    return invalid_argument("pool topology: a process sent a part that is not one: " + what);
+  };
   try {
     const auto j = nlohmann::json::parse(text);
+    if (!j.is_object()) return bad("not a JSON object");
     mesh::HostPart p;
-    p.process = j.at("process").get<int>();
+    const auto process = whole(j.at("process"), 0, 1 << 24);
+    const auto gpus = whole(j.at("host_gpus"), 0, 4096);
+    if (!process || !gpus) return bad("process or host_gpus is not a whole number in range");
+    p.process = int(*process);
+    p.host_gpus = int(*gpus);
     p.host = j.at("host").get<std::string>();
     p.host_name = j.at("host_name").get<std::string>();
     p.granule = j.at("granule").get<std::string>();
-    p.host_gpus = j.at("host_gpus").get<int>();
-    p.bandwidth = j.at("bandwidth").get<std::vector<double>>();
-    p.gpus = j.at("gpus").get<std::vector<int>>();
-    if (p.host_gpus < 0 || p.host_gpus > 4096 ||
-        p.bandwidth.size() != std::size_t(p.host_gpus) * std::size_t(p.host_gpus)) {
-      return invalid_argument("pool topology: a part with " + std::to_string(p.host_gpus) + " GPUs and a " +
-                              std::to_string(p.bandwidth.size()) + "-value matrix");
+    for (const auto& value : j.at("bandwidth")) {
+      if (!value.is_number() || !std::isfinite(value.get<double>())) return bad("a bandwidth that is not a number");
+      p.bandwidth.push_back(value.get<double>());
+    }
+    for (const auto& gpu : j.at("gpus")) {
+      const auto index = whole(gpu, 0, 4095);
+      if (!index) return bad("a GPU index that is not a whole number from 0 to 4095");
+      p.gpus.push_back(int(*index));
+    }
+    if (p.bandwidth.size() != std::size_t(p.host_gpus) * std::size_t(p.host_gpus)) {
+      return bad(std::to_string(p.host_gpus) + " GPUs and a " + std::to_string(p.bandwidth.size()) + "-value matrix");
     }
     return p;
   } catch (const nlohmann::json::exception& e) {
-    return invalid_argument(std::string("pool topology: a process sent a part that is not one: ") + e.what());
+    return bad(e.what());
   }
 }
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "canonical.h"
 #include "checkpoint.h"
@@ -110,6 +111,21 @@ TEST(Checkpoint, ManifestRoundTripAndResumeRules) {
   EXPECT_THAT(check_resumable(back.value(), o).error().message, HasSubstr("allowed: --steps above 10"));
   EXPECT_THAT(read_manifest(dir.path + "/none").error().message, HasSubstr("no complete checkpoint"));
   EXPECT_THAT(read_state(dir.path + "/step-000010/state.bin", 5).error().message, HasSubstr("cannot read"));
+}
+
+TEST(Checkpoint, AManifestWithNumbersOutOfRangeIsAnError) {
+  TempDirectory dir;
+  const std::string model = R"("model": {"vocab": 64, "width": 32, "layers": 2, "heads": 4, "kv_heads": 2, "mlp": 64, "length": 16})";
+  for (const std::string step : {"1e23", "-3", "\"ten\"", "99999999999999999999999"}) {
+    SCOPED_TRACE(step);
+    std::ofstream(dir.path + "/manifest.json")
+        << R"({"format": "dew-worker-checkpoint", "version": 1, "step": )" << step
+        << R"(, "state": "s", "elements": 3, "dtype": "fp32", )" << model
+        << R"(, "batch": 8, "seed": 0, "learning_rate": 0.003, "mesh": "m", "losses": [1.0]})";
+    auto m = read_manifest(dir.path);
+    ASSERT_FALSE(m.ok());
+    EXPECT_THAT(m.error().message, HasSubstr("is not a dew worker manifest"));
+  }
 }
 
 TEST(Checkpoint, StateRunsLandAtTheirPlaces) {
