@@ -40,7 +40,8 @@ void run_subcommand(std::string_view name, const std::function<int()>& body);
 
 // Joins this process's pool for a command whose devices are CPU threads
 // (worker, layout-parity, attention-check): OpenBLAS gets one thread per
-// device, as one accelerator each. A failed join is the pool's error.
+// device, as one accelerator each, and a peer's failure ends the process as
+// soon as it is heard. A failed join is the pool's error.
 Result<runtime::Pool> join_with_cpu_devices();
 
 // Logs the error's line and returns `code` (1: the command failed; 2: bad usage).

@@ -26,8 +26,12 @@ void run_subcommand(std::string_view name, const std::function<int()>& body) {
 
 Result<runtime::Pool> join_with_cpu_devices() {
   openblas_set_num_threads(1);
+  // Their devices wait in collectives, not at agreements: a peer's failure
+  // ends the process as soon as it is heard (unless the user set a grace).
+  runtime::JoinOptions options;
+  if (!std::getenv("DEW_FAILURE_GRACE_SECONDS")) options.failure_grace = std::chrono::milliseconds(1);
   try {
-    return runtime::join();
+    return runtime::join(options);
   } catch (const runtime::PoolError& e) {
     return Error{e.code(), e.what()};
   }

@@ -1,0 +1,26 @@
+// What the dew module's binding files share. Private to python/.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <string>
+
+#include "dew/result.h"
+
+namespace dew::python {
+
+// A pool error on its way to Python: raised as dew.PoolError with .code.
+struct PendingPoolError {
+  ErrorCode code;
+  std::string message;
+};
+[[noreturn]] inline void throw_pool_error(ErrorCode code, const std::string& message) {
+  throw PendingPoolError{code, message};
+}
+// Any other dew error: ValueError for bad arguments, else dew.PoolError.
+[[noreturn]] void throw_error(const Error& error);
+
+void bind_pool(pybind11::module_& m);
+void bind_mesh(pybind11::module_& m);
+
+}  // namespace dew::python

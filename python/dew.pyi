@@ -1,0 +1,62 @@
+"""Dew for training scripts: the pool, fast failure and meshes.
+
+    import dew, jax
+    pool = dew.prepare_process()
+    jax.distributed.initialize(**pool.jax_distributed_kwargs())
+"""
+from typing import Optional, Sequence, Union
+
+import numpy as np
+
+class PoolError(RuntimeError):
+    """A pool call failed; .code is the error's code ("timeout", "unavailable", ...)."""
+    code: str
+
+class Pool:
+    """This process's pool (from prepare_process())."""
+    @property
+    def rank(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def local_rank(self) -> int: ...
+    @property
+    def local_size(self) -> int: ...
+    def agree(self, name: str, patience: Optional[float] = None) -> None: ...
+    def all_gather(self, data: bytes) -> list[bytes]: ...
+    def put(self, key: str, value: bytes) -> None: ...
+    def get(self, key: str, timeout: float) -> bytes: ...
+    def require_shared_directory(self, path: str) -> None: ...
+    def compile_cache_key(self) -> Optional[str]: ...
+    def fail(self, message: str, code: int = 1) -> None: ...
+    def jax_distributed_kwargs(self) -> dict: ...
+
+def prepare_process(multi_host: Optional[bool] = None, patience: Optional[float] = None) -> Pool: ...
+
+class MeshSpec:
+    def __init__(self, spec: Union[str, dict]) -> None: ...
+    @property
+    def replicas(self) -> int: ...
+    @property
+    def sizes(self) -> dict[str, int]: ...
+
+def build_mesh(
+    spec: Union[MeshSpec, str, dict],
+    processes: Optional[int] = None,
+    devices_per_process: Optional[int] = None,
+    topology: Union[None, str, Sequence[str]] = None,
+    devices: Optional[Sequence[int]] = None,
+) -> tuple[np.ndarray, tuple[str, ...]]: ...
+
+def choose_exchange(
+    heads: int,
+    kv_heads: int,
+    length: int,
+    sequence: int,
+    tensor: int = 1,
+    mask: str = "causal",
+    head_dim: int = 128,
+    bytes_per_value: int = 2,
+    gather_kernel: str = "dense-bias",
+    key_length: Optional[int] = None,
+) -> tuple[str, str]: ...

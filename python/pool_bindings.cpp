@@ -1,0 +1,223 @@
+// dew.prepare_process() and dew.Pool: the runtime pool for Python training
+// scripts. Blocking calls run with the GIL released on a helper thread while
+// the calling thread waits in short slices, checking for Ctrl-C; fast
+// failure hooks sys.excepthook and threading.excepthook.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "bindings.h"
+#include "dew/pool.h"
+#include "dew/text.h"
+#include "dew/watchdog.h"
+
+namespace py = pybind11;
+
+namespace dew::python {
+namespace {
+
+// The one pool of this process (prepare_process returns it every time).
+std::unique_ptr<runtime::Pool>& the_pool() {
+  static std::unique_ptr<runtime::Pool> pool;
+  return pool;
+}
+
+// Runs `work` without the GIL on a helper thread; the caller waits in slices
+// of 100 ms and turns a pending Ctrl-C into KeyboardInterrupt (the helper
+// keeps waiting on the pool: the process is expected to end).
+template <typename T>
+T interruptible(std::function<T()> work) {
+  auto task = std::make_shared<std::packaged_task<T()>>(std::move(work));
+  std::future<T> done = task->get_future();
+  std::thread([task] { (*task)(); }).detach();
+  while (true) {
+    std::future_status status;
+    {
+      py::gil_scoped_release unlocked;
+      status = done.wait_for(std::chrono::milliseconds(100));
+    }
+    if (status == std::future_status::ready) return done.get();
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  }
+}
+
+std::chrono::milliseconds millis_of(double seconds, const char* what) {
+  if (!(seconds >= 0) || seconds > 365.0 * 24 * 3600) {
+    throw py::value_error(std::string(what) + "=" + py::repr(py::float_(seconds)).cast<std::string>() +
+                          " is not allowed; allowed: seconds from 0 to one year");
+  }
+  return std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
+}
+
+// The execution watchdog in XLA_FLAGS, as srun --dew-pool and dew launch set
+// it: DEW_WATCHDOG's bound, unless the flags set one already or it is off.
+void add_xla_watchdog() {
+  const char* bound = std::getenv("DEW_WATCHDOG");
+  auto watchdog = parse_watchdog(bound ? bound : "30m", bound ? "DEW_WATCHDOG" : "the default watchdog");
+  if (!watchdog.ok()) throw py::value_error(watchdog.error().message);
+  // Through os.environ: Python's copy of the environment is what JAX reads
+  // (and setting it there sets the process's too).
+  py::object environ = py::module_::import("os").attr("environ");
+  std::optional<std::string> flags;
+  if (environ.contains("XLA_FLAGS")) flags = environ["XLA_FLAGS"].cast<std::string>();
+  auto merged = merge_xla_flags(flags, watchdog.value());
+  if (merged) environ["XLA_FLAGS"] = *merged;
+}
+
+// Fast failure: an uncaught exception (main thread or any thread) is printed
+// once with its traceback, published to the pool, and ends the process.
+void install_excepthooks() {
+  py::module_ sys = py::module_::import("sys");
+  py::module_ threading = py::module_::import("threading");
+  py::module_ traceback = py::module_::import("traceback");
+  const auto fail_with = [traceback](py::handle type, py::handle value, py::handle tb) {
+    traceback.attr("print_exception")(type, value, tb);
+    py::module_::import("sys").attr("stderr").attr("flush")();
+    const std::string line = py::str(type.attr("__name__")).cast<std::string>() + ": " +
+                             py::str(value).cast<std::string>();
+    auto& pool = the_pool();
+    if (pool) pool->fail("uncaught exception: " + one_line(line), 1);
+    std::_Exit(1);
+  };
+  sys.attr("excepthook") = py::cpp_function(fail_with);
+  threading.attr("excepthook") = py::cpp_function([fail_with](py::handle args) {
+    fail_with(args.attr("exc_type"), args.attr("exc_value"), args.attr("exc_traceback"));
+  });
+}
+
+runtime::Pool& prepare_process(std::optional<bool> multi_host, std::optional<double> patience) {
+  auto& pool = the_pool();
+  if (pool) return *pool;
+  runtime::JoinOptions options;
+  options.multi_host = multi_host.value_or(false);
+  if (patience) options.agreement_patience = millis_of(*patience, "patience");
+  // A script has no agreement loop to unwind a peer's failure through: end
+  // as soon as it is heard, even inside C code (unless the user set a grace).
+  if (!std::getenv("DEW_FAILURE_GRACE_SECONDS")) options.failure_grace = std::chrono::milliseconds(1);
+  add_xla_watchdog();
+  try {
+    pool = std::make_unique<runtime::Pool>(
+        interruptible<runtime::Pool>([options] { return runtime::join(options); }));
+  } catch (const runtime::PoolError& e) {
+    throw_pool_error(e.code(), e.what());
+  }
+  install_excepthooks();
+  return *pool;
+}
+
+// Calls a pool method, turning PoolError into dew.PoolError.
+template <typename T>
+T guarded(std::function<T()> work) {
+  return interruptible<T>([work]() -> T {
+    try {
+      return work();
+    } catch (const runtime::PoolError& e) {
+      // Carried back to the calling thread, which holds the GIL.
+      throw PendingPoolError{e.code(), e.what()};
+    }
+  });
+}
+
+py::dict jax_distributed_kwargs(const runtime::Pool& pool) {
+  py::dict kwargs;
+  const runtime::Identity& id = pool.identity();
+  if (id.coordinator) kwargs["coordinator_address"] = id.coordinator->text();
+  kwargs["num_processes"] = id.size;
+  kwargs["process_id"] = id.rank;
+  if (const char* ids = std::getenv("JAX_LOCAL_DEVICE_IDS"); ids && *ids) {
+    py::list local;
+    for (const auto& part : split(ids, ',')) {
+      auto value = parse_whole<int>(part);
+      if (!value) throw py::value_error(std::string("JAX_LOCAL_DEVICE_IDS='") + ids + "' is not a list of indices");
+      local.append(*value);
+    }
+    kwargs["local_device_ids"] = local;
+  }
+  return kwargs;
+}
+
+}  // namespace
+
+void bind_pool(py::module_& m) {
+  py::class_<runtime::Pool>(m, "Pool", "This process's pool (from dew.prepare_process()).")
+      .def_property_readonly("rank", &runtime::Pool::rank, "This process's rank, 0..size-1.")
+      .def_property_readonly("size", &runtime::Pool::size, "The number of processes.")
+      .def_property_readonly("local_rank", [](const runtime::Pool& p) { return p.identity().local_rank; },
+                             "This process's index among the pool's processes on its node.")
+      .def_property_readonly("local_size", [](const runtime::Pool& p) { return p.identity().local_size; },
+                             "The pool's processes on this node.")
+      .def(
+          "agree",
+          [](runtime::Pool& p, const std::string& name, std::optional<double> patience) {
+            const auto wait = patience ? std::optional(millis_of(*patience, "patience")) : std::nullopt;
+            guarded<int>([&p, name, wait] {
+              wait ? p.agree(name, *wait) : p.agree(name);
+              return 0;
+            });
+          },
+          py::arg("name"), py::arg("patience") = py::none(),
+          "Returns when every process has called agree(name) as often; raises dew.PoolError naming the missing "
+          "processes when the patience (seconds; default DEW_AGREEMENT_PATIENCE_SECONDS) runs out.")
+      .def(
+          "all_gather",
+          [](runtime::Pool& p, const py::bytes& data) {
+            const std::string mine = data;
+            auto all = guarded<std::vector<std::string>>([&p, mine] { return p.all_gather(mine); });
+            py::list out;
+            for (const auto& part : all) out.append(py::bytes(part));
+            return out;
+          },
+          py::arg("data"), "Every process's bytes, in rank order.")
+      .def(
+          "put",
+          [](runtime::Pool& p, const std::string& key, const py::bytes& value) {
+            const std::string v = value;
+            guarded<int>([&p, key, v] {
+              p.put(key, v);
+              return 0;
+            });
+          },
+          py::arg("key"), py::arg("value"), "Publishes value under key to every later get().")
+      .def(
+          "get",
+          [](runtime::Pool& p, const std::string& key, double timeout) {
+            const auto wait = millis_of(timeout, "timeout");
+            return py::bytes(guarded<std::string>([&p, key, wait] { return p.get(key, wait); }));
+          },
+          py::arg("key"), py::arg("timeout"), "The value under key, waiting up to timeout seconds.")
+      .def(
+          "require_shared_directory",
+          [](runtime::Pool& p, const std::string& path) {
+            guarded<int>([&p, path] {
+              p.require_shared_directory(path);
+              return 0;
+            });
+          },
+          py::arg("path"), "Raises dew.PoolError naming who sees what when path is not one shared directory.")
+      .def(
+          "compile_cache_key",
+          [](runtime::Pool& p) { return guarded<std::optional<std::string>>([&p] { return p.compile_cache_key(); }); },
+          "A hash of every process's accelerator fingerprint, or None (with a line naming who differs).")
+      .def(
+          "fail", [](runtime::Pool& p, const std::string& message, int code) { p.fail(message, code); },
+          py::arg("message"), py::arg("code") = 1,
+          "Prints message once, publishes it to every peer and ends this process with code.")
+      .def("jax_distributed_kwargs", &jax_distributed_kwargs,
+           "coordinator_address, num_processes, process_id (and local_device_ids when JAX_LOCAL_DEVICE_IDS is "
+           "set): jax.distributed.initialize(**pool.jax_distributed_kwargs()).");
+  m.def("prepare_process", &prepare_process, py::arg("multi_host") = py::none(), py::arg("patience") = py::none(),
+        py::return_value_policy::reference,
+        "Joins this process's pool (srun --dew-pool, srun --mpi=pmix, mpirun, dew launch, or alone), appends the "
+        "XLA execution watchdog to XLA_FLAGS unless set, and installs fast failure: an uncaught exception is "
+        "printed once, published, and ends the process; a peer's failure ends this one with exit code 75. "
+        "Calling it again returns the same pool.");
+}
+
+}  // namespace dew::python

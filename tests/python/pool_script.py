@@ -1,0 +1,52 @@
+"""A training script's use of `import dew`, run by every process of a pool
+(dew launch, srun --dew-pool, srun --mpi=pmix) in the tests.
+
+    pool_script.py exchange        join, agree, all-gather, put/get; print the mesh and the kwargs
+    pool_script.py raise RANK      RANK's data loader raises after the first agreement
+    pool_script.py sleep RANK      RANK raises; the others sleep in time.sleep (C code)
+    pool_script.py agree RANK      RANK raises; the others wait in an agreement
+"""
+import json
+import os
+import sys
+import time
+
+import dew
+
+
+def main():
+    mode = sys.argv[1]
+    pool = dew.prepare_process()
+    again = dew.prepare_process()
+    assert again is pool or (again.rank == pool.rank and again.size == pool.size)
+    pool.agree("start")
+    if mode == "exchange":
+        parts = pool.all_gather(f"rank {pool.rank}".encode())
+        pool.put(f"hello/{pool.rank}", f"hello from {pool.rank}".encode())
+        gets = [pool.get(f"hello/{r}", 30).decode() for r in range(pool.size)]
+        ids, names = dew.build_mesh({"fsdp": 2, "replicas": 2}, processes=pool.size, devices_per_process=2)
+        print("RESULT " + json.dumps({
+            "rank": pool.rank, "size": pool.size, "local_rank": pool.local_rank, "local_size": pool.local_size,
+            "gather": [p.decode() for p in parts], "gets": gets,
+            "mesh": ids.reshape(-1).tolist(), "shape": list(ids.shape), "axes": list(names),
+            "kwargs": pool.jax_distributed_kwargs(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        }), flush=True)
+        pool.agree("end")
+        return
+    failing = int(sys.argv[2])
+    if pool.rank == failing:
+        time.sleep(0.3)
+        load_batch(pool.rank)
+    if mode == "sleep":
+        time.sleep(600)
+    elif mode == "agree":
+        pool.agree("never")
+    time.sleep(600)
+
+
+def load_batch(rank):
+    raise RuntimeError(f"the data loader of rank {rank} cannot read shard 7")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,226 @@
+"""`import dew` in one process: MeshSpec and build_mesh against `dew mesh
+--json`, choose_exchange against `dew attention-plan --json`, bad arguments,
+a fuzz of MeshSpec strings, and pools under `dew launch` (the exchange, a
+rank that raises, peers blocked in C code and in an agreement).
+
+Run by meson test with PYTHONPATH=<build>/python and DEW_EXE set."""
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+import unittest
+
+import numpy as np
+
+import dew
+
+DEW = os.environ.get("DEW_EXE", "dew")
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pool_script.py")
+FIXTURES = os.environ.get("DEW_FIXTURES", "tests/fixtures")
+
+
+def dew_json(*args):
+    return json.loads(subprocess.check_output([DEW, *args]))
+
+
+class Meshes(unittest.TestCase):
+    def test_build_mesh_equals_dew_mesh_json(self):
+        cases = [
+            ({"fsdp": 2, "replicas": 2}, ["--processes", "4", "--devices-per-process", "2"],
+             dict(processes=4, devices_per_process=2)),
+            ("tensor=2,sequence=2", ["--topology", f"{FIXTURES}/topology/dgx1v.nccl-topo.xml"],
+             dict(topology=f"{FIXTURES}/topology/dgx1v.nccl-topo.xml")),
+            ({"fsdp": 4, "replicas": 2}, ["--topology", f"{FIXTURES}/topology/rtx3090-4gpu.nvidia-smi-topo.txt",
+                                          "--topology", f"{FIXTURES}/topology/power8gpudistances.xml"],
+             dict(topology=[f"{FIXTURES}/topology/rtx3090-4gpu.nvidia-smi-topo.txt",
+                            f"{FIXTURES}/topology/power8gpudistances.xml"])),
+        ]
+        for spec, cli, kwargs in cases:
+            with self.subTest(spec=spec):
+                text = spec if isinstance(spec, str) else json.dumps(spec)
+                want = dew_json("mesh", "--spec", text, "--json", *cli)
+                ids, names = dew.build_mesh(spec, **kwargs)
+                self.assertIsInstance(ids, np.ndarray)
+                self.assertEqual(list(ids.shape), want["shape"])
+                self.assertEqual(ids.reshape(-1).tolist(), want["devices"])
+                self.assertEqual(list(names), want["axes"])
+                self.assertEqual(dew.build_mesh(dew.MeshSpec(spec), **kwargs)[0].tolist(), ids.tolist())
+
+    def test_mesh_spec(self):
+        spec = dew.MeshSpec("fsdp=2,replicas=2")
+        self.assertEqual(spec.sizes, {"fsdp": 2})
+        self.assertEqual(spec.replicas, 2)
+        self.assertEqual(str(spec), "fsdp=2,replicas=2")
+        self.assertEqual(str(dew.MeshSpec({"tensor": 4})), "tensor=4")
+
+    def test_bad_arguments_name_the_value(self):
+        for bad, named in [("fsdp=two", "two"), ("petals=2", "petals"), ({"fsdp": -1}, "-1")]:
+            with self.subTest(bad=bad):
+                with self.assertRaises(ValueError) as raised:
+                    dew.MeshSpec(bad)
+                self.assertIn(named, str(raised.exception))
+        with self.assertRaises(TypeError):
+            dew.MeshSpec(3)
+        with self.assertRaises(ValueError) as raised:
+            dew.build_mesh("fsdp=3", processes=4, devices_per_process=2)
+        self.assertIn("3", str(raised.exception))
+        with self.assertRaises(ValueError):
+            dew.build_mesh("fsdp=2", processes=0, devices_per_process=2)
+        with self.assertRaises(ValueError) as raised:
+            dew.choose_exchange(heads=4, kv_heads=2, length=1024, sequence=2, mask="diagonal")
+        self.assertIn("diagonal", str(raised.exception))
+
+    def test_choose_exchange_equals_dew_attention_plan(self):
+        for heads, kv, seq, mask in [(16, 8, 4, "causal"), (4, 4, 8, "none"), (32, 8, 2, "window=128")]:
+            with self.subTest(heads=heads, kv=kv, seq=seq, mask=mask):
+                text = subprocess.check_output([DEW, "attention-plan", "--heads", str(heads), "--kv-heads", str(kv),
+                                                "--length", "4096", "--sequence", str(seq), "--mask", mask], text=True)
+                lines = dict(re.match(r"(\w+)\s+(.*)", line).groups() for line in text.splitlines()
+                             if re.match(r"(exchange|reason)\s", line))
+                exchange, reason = dew.choose_exchange(heads=heads, kv_heads=kv, length=4096, sequence=seq,
+                                                       mask=mask)
+                self.assertEqual(exchange, lines["exchange"])
+                self.assertEqual(reason, lines["reason"])
+
+    def test_mesh_spec_fuzz(self):
+        rng = random.Random(7)
+        alphabet = "fsdptensorqucaeliy{}\":,= 0123456789-.x\x00\xff"
+        for _ in range(3000):
+            text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 40)))
+            try:
+                spec = dew.MeshSpec(text)
+            except ValueError as error:
+                self.assertNotIn("\n", str(error))
+                continue
+            self.assertEqual(str(dew.MeshSpec(str(spec))), str(spec))
+
+
+def launch(*args, timeout=60):
+    start = time.monotonic()
+    done = subprocess.run([DEW, "launch", "--processes-per-host", "4", "--", sys.executable, SCRIPT, *args],
+                          capture_output=True, text=True, timeout=timeout)
+    return done, time.monotonic() - start
+
+
+class Pools(unittest.TestCase):
+    def test_a_pool_joins_agrees_gathers_and_lays_out_the_mesh(self):
+        done, _ = launch("exchange")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        results = {}
+        for line in done.stdout.splitlines():
+            match = re.match(r"\[(\d)\] RESULT (.*)", line)
+            if match:
+                results[int(match.group(1))] = json.loads(match.group(2))
+        self.assertEqual(sorted(results), [0, 1, 2, 3], done.stdout)
+        want = dew_json("mesh", "--spec", '{"fsdp": 2, "replicas": 2}', "--processes", "4",
+                        "--devices-per-process", "2", "--json")
+        for rank, r in results.items():
+            self.assertEqual((r["rank"], r["size"], r["local_rank"], r["local_size"]), (rank, 4, rank, 4))
+            self.assertEqual(r["gather"], [f"rank {k}" for k in range(4)])
+            self.assertEqual(r["gets"], [f"hello from {k}" for k in range(4)])
+            self.assertEqual(r["mesh"], want["devices"])
+            self.assertIn("--xla_gpu_execution_terminate_timeout=30m", r["xla_flags"])
+            env = subprocess.run([DEW, "env", "--json"], capture_output=True, text=True,
+                                 env=dict(os.environ, DEW_PROCESS_ID=str(rank), DEW_PROCESS_COUNT="4",
+                                          DEW_COORDINATOR_ADDRESS=r["kwargs"]["coordinator_address"],
+                                          DEW_POOL_SECRET="ab" * 32))
+            self.assertEqual(r["kwargs"], json.loads(env.stdout)["jax_distributed_initialize"])
+
+    def test_a_rank_that_raises_ends_the_pool_named_once_with_its_traceback(self):
+        for mode in ("raise", "sleep", "agree"):
+            with self.subTest(mode=mode):
+                done, seconds = launch(mode, "2")
+                self.assertEqual(done.returncode, 1, done.stderr)
+                self.assertLess(seconds, 10)
+                # Rank 2 prints the traceback once (its last line) and its error once; every peer names rank 2.
+                self.assertEqual(done.stderr.count("[2] RuntimeError: the data loader of rank 2 cannot read shard 7"),
+                                 1, done.stderr)
+                self.assertEqual(done.stderr.count("[2] error: uncaught exception: RuntimeError: the data loader"), 1)
+                self.assertEqual(done.stderr.count("Traceback (most recent call last)"), 1, done.stderr)
+                self.assertIn("dew launch: rank 2 on localhost ended with exit code 1", done.stderr)
+                self.assertIn("in load_batch", done.stderr)
+
+    def test_peers_blocked_in_c_code_or_an_agreement_end_with_75_by_themselves(self):
+        # No launcher to stop them: four processes started by hand, as a pool.
+        import socket
+        for mode in ("sleep", "agree"):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            with self.subTest(mode=mode):
+                children = []
+                for rank in range(4):
+                    env = dict(os.environ, DEW_PROCESS_ID=str(rank), DEW_PROCESS_COUNT="4",
+                               DEW_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", DEW_POOL_SECRET="cd" * 32)
+                    env.pop("XLA_FLAGS", None)
+                    children.append(subprocess.Popen([sys.executable, SCRIPT, mode, "2"], env=env,
+                                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+                start = time.monotonic()
+                codes = [child.wait(timeout=30) for child in children]
+                self.assertLess(time.monotonic() - start, 3)
+                errors = [child.stderr.read() for child in children]
+                self.assertEqual(codes, [75, 75, 1, 75], errors)
+                for peer in (0, 1, 3):
+                    self.assertIn("ending: process 2 failed: uncaught exception: RuntimeError", errors[peer])
+
+
+class Blocking(unittest.TestCase):
+    CODE = """
+import sys, threading, time, dew
+pool = dew.prepare_process()
+ticks = [0]
+def count():
+    while True:
+        ticks[0] += 1
+        time.sleep(0.01)
+threading.Thread(target=count, daemon=True).start()
+try:
+    pool.get("never", float(sys.argv[1]))
+except dew.PoolError as error:
+    print(f"code={error.code} ticks={ticks[0]}", flush=True)
+print("waited", flush=True)
+"""
+
+    def test_blocking_calls_release_the_gil(self):
+        done = subprocess.run([sys.executable, "-c", self.CODE, "1"], capture_output=True, text=True, timeout=30)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        ticks = int(re.search(r"ticks=(\d+)", done.stdout).group(1))
+        self.assertIn("code=timeout", done.stdout)
+        self.assertGreater(ticks, 30, "another thread ran while get() waited")
+
+    def test_ctrl_c_interrupts_a_blocking_call(self):
+        start = time.monotonic()
+        child = subprocess.Popen([sys.executable, "-c", self.CODE, "60"], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+        time.sleep(1.0)
+        child.send_signal(2)
+        out, err = child.communicate(timeout=30)
+        self.assertLess(time.monotonic() - start, 10)
+        self.assertNotEqual(child.returncode, 0)
+        self.assertIn("KeyboardInterrupt", err)
+        self.assertNotIn("waited", out)
+
+
+class ReadmeExample(unittest.TestCase):
+    def test_the_readme_example_runs_as_written(self):
+        readme = open(os.path.join(os.path.dirname(SCRIPT), "..", "..", "README.md")).read()
+        block = readme.split("<!-- python example")[1].split("```python\n")[1].split("```")[0]
+        path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"dew-readme-example-{os.getpid()}.py")
+        with open(path, "w") as f:
+            f.write(block)
+        try:
+            done = subprocess.run([DEW, "launch", "--processes-per-host", "4", "--", sys.executable, path],
+                                  capture_output=True, text=True, timeout=60)
+        finally:
+            os.remove(path)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        for rank in range(4):
+            self.assertIn(f"[{rank}] process {rank} of 4: mesh {{'data': 4, 'stage': 1, 'fsdp': 2, 'expert': 1, "
+                          f"'tensor': 1, 'sequence': 1}}", done.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
