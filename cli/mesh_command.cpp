@@ -63,25 +63,6 @@ Result<std::vector<int>> parse_devices(const std::string& text) {
   return ids;
 }
 
-// Several hosts planned offline: one file per host, one process per host
-// owning all its GPUs, a granule each (as the pool's topology would give).
-Result<mesh::DeviceGraph> hosts_of_files(const std::vector<std::string>& files) {
-  std::vector<mesh::HostPart> parts;
-  for (std::size_t k = 0; k < files.size(); ++k) {
-    auto loaded = topology::load_topology_file(files[k]);
-    if (!loaded.ok()) return loaded.error();
-    hosts::LocalFacts facts;
-    facts.process = static_cast<int>(k);
-    facts.host_id = "file" + std::to_string(k);
-    facts.host_name = files[k];
-    facts.topology_from_file = true;
-    auto part = hosts::local_part(loaded.value(), facts);
-    if (!part.ok()) return part.error();
-    parts.push_back(std::move(part.value()));
-  }
-  return mesh::hosts_graph(parts);
-}
-
 Result<mesh::DeviceGraph> load_graph(const MeshOptions& options) {
   if (options.processes != 0 || options.devices_per_process != 0) {
     if (options.processes < 1 || options.devices_per_process < 1 ||
@@ -93,7 +74,7 @@ Result<mesh::DeviceGraph> load_graph(const MeshOptions& options) {
     }
     return mesh::cpu_pool(options.processes, options.devices_per_process);
   }
-  if (options.topology.size() > 1) return hosts_of_files(options.topology);
+  if (options.topology.size() > 1) return hosts::files_device_graph(options.topology);
   const std::string file = options.topology.empty() ? "" : options.topology.front();
   auto loaded = file.empty() ? topology::detect_topology() : topology::load_topology_file(file);
   if (!loaded.ok()) return loaded.error();

@@ -38,21 +38,6 @@ mesh::MeshSpec spec_of(const py::object& spec) {
                        "such as {'fsdp': 2, 'replicas': 2}");
 }
 
-// One file per host: a granule each, one process each owning all its GPUs.
-mesh::DeviceGraph graph_of_files(const std::vector<std::string>& files) {
-  std::vector<mesh::HostPart> parts;
-  for (std::size_t k = 0; k < files.size(); ++k) {
-    auto host = value_or_raise(topology::load_topology_file(files[k]));
-    hosts::LocalFacts facts;
-    facts.process = int(k);
-    facts.host_id = "file" + std::to_string(k);
-    facts.host_name = files[k];
-    facts.topology_from_file = true;
-    parts.push_back(value_or_raise(hosts::local_part(host, facts)));
-  }
-  return value_or_raise(mesh::hosts_graph(parts));
-}
-
 py::tuple build_mesh(const py::object& spec, std::optional<int> processes, std::optional<int> devices_per_process,
                      const py::object& topology, std::optional<std::vector<int>> devices) {
   const mesh::MeshSpec parsed = spec_of(spec);
@@ -71,7 +56,7 @@ py::tuple build_mesh(const py::object& spec, std::optional<int> processes, std::
       for (const auto& gpu : host.gpus) graph.devices.push_back({gpu.index, 0, host.granule});
       graph.bandwidth = host.bandwidth_gbps;
     } else {
-      graph = graph_of_files(files);
+      graph = value_or_raise(hosts::files_device_graph(files));
     }
   } else {
     const int p = processes.value_or(1), d = devices_per_process.value_or(1);

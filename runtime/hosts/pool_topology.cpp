@@ -4,7 +4,6 @@
 
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "dew/text.h"
@@ -32,13 +31,6 @@ std::optional<long long> whole(const nlohmann::json& j, long long low, long long
                               : j.get<long long>();
   if (value < low || value > high) return std::nullopt;
   return value;
-}
-
-std::string boot_id() {
-  std::ifstream in("/proc/sys/kernel/random/boot_id");
-  std::string id;
-  std::getline(in, id);
-  return id;
 }
 
 }  // namespace
@@ -115,6 +107,23 @@ Result<mesh::HostPart> decode_part(std::string_view text) {
   }
 }
 
+Result<mesh::DeviceGraph> files_device_graph(const std::vector<std::string>& files) {
+  std::vector<mesh::HostPart> parts;
+  for (std::size_t k = 0; k < files.size(); ++k) {
+    auto loaded = topology::load_topology_file(files[k]);
+    if (!loaded.ok()) return loaded.error();
+    LocalFacts facts;
+    facts.process = static_cast<int>(k);
+    facts.host_id = "file" + std::to_string(k);
+    facts.host_name = files[k];
+    facts.topology_from_file = true;
+    auto part = local_part(loaded.value(), facts);
+    if (!part.ok()) return part.error();
+    parts.push_back(std::move(part.value()));
+  }
+  return mesh::hosts_graph(parts);
+}
+
 Result<mesh::DeviceGraph> pool_device_graph(runtime::Pool& pool) {
   LocalFacts facts;
   const runtime::Identity& identity = pool.identity();
@@ -122,7 +131,7 @@ Result<mesh::DeviceGraph> pool_device_graph(runtime::Pool& pool) {
   facts.local_rank = identity.local_rank;
   facts.local_size = identity.local_size;
   const char* host_id = std::getenv("DEW_HOST_ID");
-  facts.host_id = host_id && *host_id ? host_id : boot_id();
+  facts.host_id = host_id && *host_id ? host_id : topology::read_boot_id();
   if (facts.host_id.empty()) facts.host_id = identity.hostname;
   facts.host_name = identity.hostname;
   if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES")) facts.visible_devices = visible;

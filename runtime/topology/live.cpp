@@ -72,16 +72,12 @@ void merge_nvml(Draft& draft, const NvmlReport& report, std::string_view boot_id
 
 }  // namespace detail
 
-namespace {
-
 std::string read_boot_id() {
   std::ifstream in("/proc/sys/kernel/random/boot_id");
   std::string id;
   std::getline(in, id);
   return id;
 }
-
-}  // namespace
 
 Result<Topology> detect_topology() {
   auto draft = detail::read_hwloc_live();

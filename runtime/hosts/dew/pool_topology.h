@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "dew/mesh.h"
 #include "dew/pool.h"
@@ -38,6 +39,11 @@ Result<mesh::HostPart> local_part(const topology::Topology& host, const LocalFac
 // A part on the wire (JSON), and back with every field checked.
 std::string encode_part(const mesh::HostPart& part);
 Result<mesh::HostPart> decode_part(std::string_view text);
+
+// Several hosts planned offline: one topology file per host, one process
+// per host owning all its GPUs, a granule each (dew mesh --topology A
+// --topology B, dew.build_mesh(topology=[...])).
+Result<mesh::DeviceGraph> files_device_graph(const std::vector<std::string>& files);
 
 // Every process of the pool calls it: reads its host (DEW_TOPOLOGY_FILE, or
 // live through hwloc and NVML), gathers every process's part, and returns

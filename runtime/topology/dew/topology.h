@@ -82,4 +82,8 @@ std::string path_class_label(PathClass path, int nvlinks);
 // This machine, now.
 Result<Topology> detect_topology();
 
+// This host's kernel boot id (what tells hosts apart: two names of one host
+// share it); empty where the kernel does not say.
+std::string read_boot_id();
+
 }  // namespace dew::topology
