@@ -98,16 +98,17 @@ class Meshes(unittest.TestCase):
             self.assertEqual(str(dew.MeshSpec(str(spec))), str(spec))
 
 
-def launch(*args, timeout=60):
+def launch(*args, timeout=60, env=None):
     start = time.monotonic()
     done = subprocess.run([DEW, "launch", "--processes-per-host", "4", "--", sys.executable, SCRIPT, *args],
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, env=dict(os.environ, **(env or {})))
     return done, time.monotonic() - start
 
 
 class Pools(unittest.TestCase):
     def test_a_pool_joins_agrees_gathers_and_lays_out_the_mesh(self):
-        done, _ = launch("exchange")
+        # The plugin would set JAX_LOCAL_DEVICE_IDS per task; here every process sees the same.
+        done, _ = launch("exchange", env={"JAX_LOCAL_DEVICE_IDS": "0,1"})
         self.assertEqual(done.returncode, 0, done.stderr)
         results = {}
         for line in done.stdout.splitlines():
@@ -126,7 +127,8 @@ class Pools(unittest.TestCase):
             env = subprocess.run([DEW, "env", "--json"], capture_output=True, text=True,
                                  env=dict(os.environ, DEW_PROCESS_ID=str(rank), DEW_PROCESS_COUNT="4",
                                           DEW_COORDINATOR_ADDRESS=r["kwargs"]["coordinator_address"],
-                                          DEW_POOL_SECRET="ab" * 32))
+                                          DEW_POOL_SECRET="ab" * 32, JAX_LOCAL_DEVICE_IDS="0,1"))
+            self.assertEqual(r["kwargs"]["local_device_ids"], [0, 1])
             self.assertEqual(r["kwargs"], json.loads(env.stdout)["jax_distributed_initialize"])
 
     def test_a_rank_that_raises_ends_the_pool_named_once_with_its_traceback(self):
