@@ -141,7 +141,7 @@ void print_text(const mesh::Mesh& mesh, std::ostream& out) {
 
 // --pool: every process of the pool runs it; the mesh over every process's
 // real devices is the same on every rank. Process 0 prints it; with --json
-// every rank also prints its own part (its devices and their positions).
+// also every process's part (its devices and their positions), a line each.
 int run_pool(const mesh::MeshSpec& spec, const std::optional<std::vector<int>>& order, bool json) {
   std::optional<runtime::Pool> pool;
   try {
@@ -154,21 +154,22 @@ int run_pool(const mesh::MeshSpec& spec, const std::optional<std::vector<int>>& 
   auto built = mesh::build_mesh(spec, graph.value(), order);
   if (!built.ok()) return report(built.error());
   const mesh::Mesh& m = built.value();
-  if (pool->rank() == 0) {
-    if (json) {
-      std::cout << mesh::mesh_to_json(m) << "\n";
-    } else {
-      print_text(m, std::cout);
-    }
+  // Process 0 alone writes: under srun, several tasks' long lines would
+  // interleave in srun's output. Every rank's part is in the mesh.
+  if (pool->rank() != 0) return 0;
+  if (!json) {
+    print_text(m, std::cout);
+    return 0;
   }
-  if (json) {
+  std::cout << mesh::mesh_to_json(m) << "\n";
+  for (int process = 0; process < pool->size(); ++process) {
     std::vector<int> devices, positions;
     for (std::size_t k = 0; k < m.devices.size(); ++k) {
-      if (m.processes[k] != pool->rank()) continue;
+      if (m.processes[k] != process) continue;
       devices.push_back(m.devices[k]);
       positions.push_back(static_cast<int>(k));
     }
-    std::cout << "{\"process\": " << pool->rank() << ", \"devices\": " << list_json(devices)
+    std::cout << "{\"process\": " << process << ", \"devices\": " << list_json(devices)
               << ", \"positions\": " << list_json(positions) << "}\n";
   }
   std::cout.flush();
@@ -219,8 +220,8 @@ void add_mesh_command(CLI::App& app) {
   CLI::Option* pool = command->add_flag(
       "--pool", options->pool,
       "Every process of this pool runs it (srun --dew-pool, srun --mpi=pmix, dew launch): each reads its host "
-      "(DEW_TOPOLOGY_FILE, else live), the pool gathers them, process 0 prints the mesh (--json: each rank its "
-      "part too)");
+      "(DEW_TOPOLOGY_FILE, else live), the pool gathers them, process 0 prints the mesh (--json: and each "
+      "process's part, a line each)");
   pool->excludes(topology);
   CLI::Option* processes = command->add_option("--processes", options->processes,
                                                "A CPU pool of this many processes (with --devices-per-process)");

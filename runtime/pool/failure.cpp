@@ -108,9 +108,13 @@ void Pool::State::start_watch() {
     if (changed.wait_until(lock, *failure_heard + settings.failure_grace, [&] { return stopping; })) return;
     lock.unlock();
     auto failed = client->failure().value_or(PeerFailure{0, "unknown failure"});
-    failed.message += " (not heard at an agreement within " +
-                      seconds_text(std::chrono::duration<double>(settings.failure_grace).count()) +
-                      ", DEW_FAILURE_GRACE_SECONDS)";
+    // A grace below a second is a program that ends at once (Python, dew
+    // worker): nothing to say about agreements.
+    if (settings.failure_grace >= std::chrono::seconds(1)) {
+      failed.message += " (not heard at an agreement within " +
+                        seconds_text(std::chrono::duration<double>(settings.failure_grace).count()) +
+                        ", DEW_FAILURE_GRACE_SECONDS)";
+    }
     end_for_peer(failed);
   });
 }

@@ -71,6 +71,7 @@ TEST(PoolMesh, TwoHostsTopologiesGiveOneHybridMeshUnderEveryLauncher) {
     ASSERT_EQ(got.parts.size(), 4u) << describe(r);
     EXPECT_EQ(got.parts.at(2).at("devices"), nlohmann::json::parse("[4, 5]"));
     EXPECT_EQ(occurrences(r.out, "{\"axes\""), 1) << "process 0 alone prints the mesh";
+    EXPECT_EQ(occurrences(r.out, "{\"process\": "), 4) << "and every process's part";
   }
 }
 

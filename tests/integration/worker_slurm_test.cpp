@@ -126,7 +126,7 @@ TEST(WorkerSlurm, AStalledRankIsNamedByTheWatchdogAndByThePatience) {
   EXPECT_NE(in_step.exit_code, 0) << describe(in_step);
   EXPECT_THAT(in_step.err, HasSubstr("[2] error: step 3: device 4 stalled outside any collective"));
   EXPECT_EQ(occurrences(in_step.err, "dew: rank 2 ended with exit code 124"), 1) << describe(in_step);
-  EXPECT_EQ(occurrences(in_step.err, "stalled outside"), 1) << "only the stalled rank says so: " << describe(in_step);
+  EXPECT_EQ(occurrences(in_step.err, "] error: "), 1) << "only the stalled rank fails: " << describe(in_step);
   auto before_agreement =
       cluster().srun(srun_args(kDewPool, worker_args(dir / "y.json", {"--drill", "stall-before-checkpoint@1:2",
                                                                       "--checkpoint-dir", dir / "ck",
