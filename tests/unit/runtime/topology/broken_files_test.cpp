@@ -183,12 +183,7 @@ TEST_F(BrokenFiles, NcclXmlProblemsNameTheElement) {
 // hwloc 3's format: the hwloc here (2.x) cannot read it, and says so by
 // version, not by a missing element.
 TEST_F(BrokenFiles, HwlocXmlOfANewerHwlocNamesBothVersions) {
-  const std::string path = write("hwloc3.xml",
-                                 "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<!DOCTYPE topology SYSTEM \"hwloc3.dtd\">\n"
-                                 "<topology version=\"3.0\">\n  <object type=\"Machine\" os_index=\"0\" "
-                                 "cpuset=\"0x000000ff\" complete_cpuset=\"0x000000ff\" gp_index=\"1\">\n"
-                                 "    <object type=\"PU\" os_index=\"0\" cpuset=\"0x00000001\" gp_index=\"2\"/>\n"
-                                 "  </object>\n</topology>\n");
+  const std::string path = testing::fixture_dir() + "/../refused/hwloc3-box.xml";
   auto result = load_topology_file(path);
   expect_one_line_error(result, path);
   EXPECT_EQ(result.error().code, ErrorCode::kUnsupported);

@@ -60,7 +60,7 @@ void expect_consistent(const Topology& t) {
 
 TEST(TopologyFixtures, EveryFixtureLoadsConsistently) {
   const std::vector<std::string> names = fixture_files();
-  ASSERT_EQ(names.size(), 18u) << "fixtures missing from " << fixture_dir();
+  ASSERT_EQ(names.size(), 19u) << "fixtures missing from " << fixture_dir();
   for (const std::string& name : names) {
     SCOPED_TRACE(name);
     auto topology = load_topology_file(fixture(name));
@@ -321,6 +321,15 @@ TEST(NvidiaSmiText, SocIsTheOldNameOfSys) {
 // Markdown code block whose closing fence follows the last row, behind # on
 // every line (from a script's comments), behind > (a quoted reply), with the
 // legend right after the rows.
+TEST(NvidiaSmiText, AScriptsLoggedPasteReadsAsTheMachine) {
+  const Topology pasted = load("pasted-in-comments.nvidia-smi-topo.txt");
+  const Topology plain = load("dgx1v.nvidia-smi-topo.txt");
+  ASSERT_EQ(pasted.size(), 8u);
+  EXPECT_EQ(pasted.path, plain.path);
+  EXPECT_EQ(pasted.nvlinks, plain.nvlinks);
+  EXPECT_EQ(cell(pasted, 0, 3), cell(plain, 0, 3));
+}
+
 TEST(NvidiaSmiText, PastesWithPromptsFencesCommentMarkersAndLegends) {
   const std::string text = read(fixture("dgx1v.nvidia-smi-topo.txt"));
   auto plain = parse_topology_text(text, "plain.txt");
