@@ -11,6 +11,7 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <algorithm>
 #include <exception>
 #include <stdexcept>
 
@@ -101,6 +102,15 @@ class GlooCommunicator : public Communicator {
   // would add in ring order: they take the base class's way.
   Result<Done> all_reduce(std::span<float> data) override { return two_rank_all_reduce(data); }
   Result<Done> all_reduce(std::span<double> data) override { return two_rank_all_reduce(data); }
+  // Two ranks: each sends the other its half in segments and adds each
+  // segment as it arrives (a + b commutes: the rank-order sum's bits), where
+  // the all-to-all would first wait for the whole half.
+  Result<Done> reduce_scatter(std::span<const float> send, std::span<float> recv) override {
+    return two_rank_reduce_scatter(send, recv);
+  }
+  Result<Done> reduce_scatter(std::span<const double> send, std::span<double> recv) override {
+    return two_rank_reduce_scatter(send, recv);
+  }
 
   Result<Done> barrier() override {
     if (size() == 1) return Done{};
@@ -111,6 +121,34 @@ class GlooCommunicator : public Communicator {
   }
 
  private:
+  template <typename T>
+  Result<Done> two_rank_reduce_scatter(std::span<const T> send, std::span<T> recv) {
+    if (size() != 2 || recv.empty()) return Communicator::reduce_scatter(send, recv);
+    if (auto bad = check_reduce_scatter(send.size(), recv.size())) return *bad;
+    const std::size_t chunk = recv.size(), bytes = chunk * sizeof(T);
+    const int peer = 1 - rank();
+    thread_local std::vector<T> incoming;
+    incoming.resize(chunk);
+    return guarded("reduce_scatter", [&] {
+      constexpr std::size_t kSegment = 256 * 1024;  // bytes: a multiple of sizeof(T)
+      const std::size_t segments = (bytes + kSegment - 1) / kSegment;
+      auto out = context_->createUnboundBuffer(const_cast<T*>(send.data() + peer * chunk), bytes);  // read only
+      auto in = context_->createUnboundBuffer(incoming.data(), bytes);
+      const auto slot = static_cast<std::uint64_t>(context_->nextSlot());
+      for (std::size_t s = 0; s < segments; ++s) in->recv(peer, slot, s * kSegment, std::min(kSegment, bytes - s * kSegment));
+      for (std::size_t s = 0; s < segments; ++s) out->send(peer, slot, s * kSegment, std::min(kSegment, bytes - s * kSegment));
+      const T* mine = send.data() + static_cast<std::size_t>(rank()) * chunk;
+      for (std::size_t s = 0; s < segments; ++s) {
+        if (!in->waitRecv(context_->getTimeout())) throw std::runtime_error("Timed out waiting for the peer's half");
+        const std::size_t last = std::min(chunk, (s + 1) * kSegment / sizeof(T));
+        for (std::size_t i = s * kSegment / sizeof(T); i < last; ++i) recv[i] = mine[i] + incoming[i];
+      }
+      for (std::size_t s = 0; s < segments; ++s) {
+        if (!out->waitSend(context_->getTimeout())) throw std::runtime_error("Timed out sending the peer's half");
+      }
+    });
+  }
+
   template <typename T>
   Result<Done> two_rank_all_reduce(std::span<T> data) {
     if (size() != 2 || data.empty()) return Communicator::all_reduce(data);

@@ -60,6 +60,32 @@ TEST_P(CommunicatorTest, AllReduceSumsInRankOrderAndAgreesOnEveryRank) {
   spawn(GetParam(), [n = GetParam()](Communicator& comm) { check_all_reduce(comm, n, /*rank_order=*/true); });
 }
 
+// Past one segment of the two-rank reduce-scatter (256 KiB) and not a
+// multiple of it: the same bits as the rank-order sum, float and double.
+TEST_P(CommunicatorTest, LargeReduceScattersAndAllReducesSumInRankOrder) {
+  spawn(GetParam(), [n = GetParam()](Communicator& comm) {
+    const std::size_t chunk = 200003;
+    std::vector<float> send(chunk * std::size_t(n)), recv(chunk);
+    for (std::size_t i = 0; i < send.size(); ++i) send[i] = float(comm.rank() + 1) * 0.37f + float(i % 1000) * 1e-3f;
+    ASSERT_TRUE(comm.reduce_scatter(std::span<const float>(send), std::span<float>(recv)).ok());
+    for (std::size_t i = 0; i < chunk; i += 997) {
+      float expected = 0;
+      for (int r = 0; r < n; ++r) {
+        expected += float(r + 1) * 0.37f + float((std::size_t(comm.rank()) * chunk + i) % 1000) * 1e-3f;
+      }
+      ASSERT_EQ(recv[i], expected) << "element " << i;
+    }
+    std::vector<double> data(chunk * 2 + 1);
+    for (std::size_t i = 0; i < data.size(); ++i) data[i] = double(comm.rank()) * 0.1 + double(i) * 1e-7;
+    ASSERT_TRUE(comm.all_reduce(std::span<double>(data)).ok());
+    for (std::size_t i = 0; i < data.size(); i += 1009) {
+      double expected = 0;
+      for (int r = 0; r < n; ++r) expected += double(r) * 0.1 + double(i) * 1e-7;
+      ASSERT_EQ(data[i], expected) << "element " << i;
+    }
+  });
+}
+
 TEST_P(CommunicatorTest, BroadcastFromEveryRoot) {
   spawn(GetParam(), [n = GetParam()](Communicator& comm) { check_broadcast(comm, n); });
 }
