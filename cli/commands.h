@@ -38,6 +38,9 @@ void add_layout_parity_command(CLI::App& app);
 // non-zero code it returns is the process's exit code as it is.
 void run_subcommand(std::string_view name, const std::function<int()>& body);
 
+// Joins this process's pool; a failed join is the pool's error.
+Result<runtime::Pool> join_pool(const runtime::JoinOptions& options = {});
+
 // Joins this process's pool for a command whose devices are CPU threads
 // (worker, layout-parity, attention-check): OpenBLAS gets one thread per
 // device, as one accelerator each, and a peer's failure ends the process as

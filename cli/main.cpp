@@ -24,17 +24,21 @@ void run_subcommand(std::string_view name, const std::function<int()>& body) {
   if (code != 0) finish(code);
 }
 
+Result<runtime::Pool> join_pool(const runtime::JoinOptions& options) {
+  try {
+    return runtime::join(options);
+  } catch (const runtime::PoolError& e) {
+    return Error{e.code(), e.what()};
+  }
+}
+
 Result<runtime::Pool> join_with_cpu_devices() {
   openblas_set_num_threads(1);
   // Their devices wait in collectives, not at agreements: a peer's failure
   // ends the process as soon as it is heard (unless the user set a grace).
   runtime::JoinOptions options;
   if (!std::getenv("DEW_FAILURE_GRACE_SECONDS")) options.failure_grace = std::chrono::milliseconds(1);
-  try {
-    return runtime::join(options);
-  } catch (const runtime::PoolError& e) {
-    return Error{e.code(), e.what()};
-  }
+  return join_pool(options);
 }
 
 int report(const Error& error, int code) {

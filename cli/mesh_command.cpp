@@ -143,12 +143,9 @@ void print_text(const mesh::Mesh& mesh, std::ostream& out) {
 // real devices is the same on every rank. Process 0 prints it; with --json
 // also every process's part (its devices and their positions), a line each.
 int run_pool(const mesh::MeshSpec& spec, const std::optional<std::vector<int>>& order, bool json) {
-  std::optional<runtime::Pool> pool;
-  try {
-    pool.emplace(runtime::join());
-  } catch (const runtime::PoolError& e) {
-    return report(Error{e.code(), e.what()});
-  }
+  auto joined = join_pool();
+  if (!joined.ok()) return report(joined.error());
+  runtime::Pool* pool = &joined.value();
   auto graph = hosts::pool_device_graph(*pool);
   if (!graph.ok()) return report(graph.error());
   auto built = mesh::build_mesh(spec, graph.value(), order);

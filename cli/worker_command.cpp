@@ -5,12 +5,11 @@
 // writes --out (the losses, the fsdp groups, the mesh) atomically.
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <memory>
 #include <optional>
 
 #include "commands.h"
+#include "dew/atomic_file.h"
 #include "dew/log.h"
 #include "dew/pool.h"
 #include "dew/text.h"
@@ -45,21 +44,6 @@ Result<Done> resolve(WorkerArgs& a) {
     if (!drill.ok()) return drill.error();
     a.options.drill = drill.value();
   }
-  return Done{};
-}
-
-// The whole file or nothing: a temporary file beside it, then a rename.
-Result<Done> write_atomically(const std::string& path, const std::string& text) {
-  const std::string temporary = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) return system_error("--out: cannot write " + temporary);
-  }
-  std::error_code error;
-  std::filesystem::rename(temporary, path, error);
-  if (error) return system_error("--out: cannot rename " + temporary + " to " + path + ": " + error.message());
   return Done{};
 }
 
@@ -102,8 +86,8 @@ int run(WorkerArgs& a) {
   });
   if (!result.ok()) return report(result.error());
   if (pool.rank() == 0 && !a.out.empty()) {
-    if (auto written = write_atomically(a.out, train::report_json(result.value(), a.options)); !written.ok()) {
-      return report(written.error());
+    if (auto written = write_file_atomically(a.out, train::report_json(result.value(), a.options)); !written.ok()) {
+      return report(written.error().prefixed("--out: "));
     }
   }
   return 0;

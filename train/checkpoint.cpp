@@ -10,6 +10,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+
+#include "dew/atomic_file.h"
 #include <stdexcept>
 
 namespace dew::train {
@@ -128,17 +130,9 @@ Result<Done> write_manifest(const std::string& directory, const Manifest& m) {
                    {"mesh", m.mesh},
                    {"losses", m.losses}};
   const std::string path = directory + "/manifest.json";
-  const std::string temporary = path + ".tmp." + std::to_string(::getpid());
-  {
-    const std::string text = j.dump(2) + "\n";
-    Fd file{::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
-    if (file.fd < 0) return errno_error("create", temporary);
-    if (auto wrote = write_all(file.fd, text.data(), text.size(), 0, temporary); !wrote.ok()) return wrote;
-    if (::fsync(file.fd) != 0) return errno_error("fsync", temporary);
+  if (auto written = write_file_atomically(path, j.dump(2) + "\n"); !written.ok()) {
+    return written.error().prefixed("checkpoint: ");
   }
-  if (::rename(temporary.c_str(), path.c_str()) != 0) return errno_error("rename to", path);
-  Fd dir{::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
-  if (dir.fd >= 0) ::fsync(dir.fd);
   // The manifest names the new state: the older ones are of no more use.
   std::error_code ignored;
   const std::string keep = step_name(m.step);

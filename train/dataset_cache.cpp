@@ -1,11 +1,10 @@
 #include "dataset_cache.h"
 
-#include <unistd.h>
-
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
+#include "dew/atomic_file.h"
 #include "dew/log.h"
 #include "params.h"
 
@@ -52,21 +51,13 @@ std::optional<Dataset> load(const std::string& path, const WorkerOptions& o) {
 void store(const std::string& path, const Dataset& d) {
   std::error_code error;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), error);
-  const std::string temporary = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    const std::int32_t dims[3] = {d.steps, d.batch, d.length};
-    out.write(kMagic, sizeof kMagic);
-    out.write(reinterpret_cast<const char*>(dims), sizeof dims);
-    out.write(reinterpret_cast<const char*>(d.tokens.data()), std::streamsize(d.tokens.size() * sizeof(std::int32_t)));
-    if (!out) {
-      log_warn("cache: cannot write " + temporary + "; running without the cache");
-      std::filesystem::remove(temporary, error);
-      return;
-    }
+  const std::int32_t dims[3] = {d.steps, d.batch, d.length};
+  std::string bytes(kMagic, sizeof kMagic);
+  bytes.append(reinterpret_cast<const char*>(dims), sizeof dims);
+  bytes.append(reinterpret_cast<const char*>(d.tokens.data()), d.tokens.size() * sizeof(std::int32_t));
+  if (auto written = write_file_atomically(path, bytes); !written.ok()) {
+    log_warn("cache: " + written.error().message + "; running without the cache");
   }
-  std::filesystem::rename(temporary, path, error);
-  if (error) log_warn("cache: cannot store " + path + ": " + error.message());
 }
 
 }  // namespace
