@@ -18,7 +18,7 @@ def main():
     mode = sys.argv[1]
     pool = dew.prepare_process()
     again = dew.prepare_process()
-    assert again is pool or (again.rank == pool.rank and again.size == pool.size)
+    assert again is pool, "prepare_process() returns the same pool every time"
     pool.agree("start")
     if mode == "exchange":
         parts = pool.all_gather(f"rank {pool.rank}".encode())
