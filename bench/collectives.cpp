@@ -4,8 +4,13 @@
 // loopback TCP for both. Prints, per ranks and size, each collective's
 // achieved bus bytes/s (what each rank sends: all-reduce 2(R-1)/R x size,
 // all-gather and reduce-scatter (R-1)/R x size) and its ratio to Gloo's
-// (reduce-scatter against Gloo's all-reduce: Gloo has none of its own).
-// Dew's all-gather is Gloo's allgather itself: its ratio shows the noise.
+// (reduce-scatter against Gloo's all-reduce: Gloo has none of its own):
+// the median of each run's ratio (Dew's block and Gloo's block run back to
+// back, so a machine that slows down between runs moves both), its
+// quartiles, and the same ratio over CPU seconds instead of wall seconds
+// (bytes per CPU second: what a machine whose cores are all busy with the
+// ranks is bound by). Dew's all-gather is Gloo's allgather itself: its
+// ratios show the noise.
 //
 //   collectives [--ranks 2,4,8] [--sizes 16384,...] (bytes) [--runs N] [--iterations K]
 #include <gloo/allgather.h>
@@ -16,6 +21,7 @@
 #include <gloo/rendezvous/hash_store.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -94,17 +100,33 @@ void gloo_all_gather(Rank& r, std::vector<float>& send, std::vector<float>& recv
   gloo::allgather(options);
 }
 
-// Seconds per call, rank 0's clock between two barriers, for each run.
+// Seconds per call, rank 0's clock between two barriers, and the process's
+// CPU seconds per call over the same span (every rank's thread and Gloo's
+// loop threads: only one side runs at a time).
+struct Block {
+  double wall = 0, cpu = 0;
+};
 using Call = std::function<void(Rank&, int rank)>;
 
-double time_block(Rank& r, int rank, int iterations, const Call& call) {
+double cpu_seconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  const auto seconds = [](const timeval& t) { return double(t.tv_sec) + 1e-6 * double(t.tv_usec); };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
+
+Block time_block(Rank& r, int rank, int iterations, const Call& call) {
   // Every rank times its own block; rank 0's is the one reported.
   gloo::BarrierOptions barrier(r.gloo);
   gloo::barrier(barrier);
+  const double cpu = rank == 0 ? cpu_seconds() : 0;
   const auto start = Clock::now();
   for (int k = 0; k < iterations; ++k) call(r, rank);
   gloo::barrier(barrier);
-  return std::chrono::duration<double>(Clock::now() - start).count() / iterations;
+  Block block;
+  block.wall = std::chrono::duration<double>(Clock::now() - start).count() / iterations;
+  if (rank == 0) block.cpu = (cpu_seconds() - cpu) / iterations;
+  return block;
 }
 
 void run_ranks(int ranks, const Options& o) {
@@ -164,14 +186,15 @@ void run_ranks(int ranks, const Options& o) {
          [&](Rank& r, int k) { gloo_all_reduce(r, data[std::size_t(k)]); }},
     };
     for (const auto& c : cases) {
-      std::vector<double> dew_times, gloo_times;
+      const double gloo_bus = std::string(c.name) == "reduce-scatter" ? 2 * part : c.bus;
+      std::vector<double> dew_times, gloo_times, ratios, cpu_ratios;
       for (int run = 0; run < o.runs + 1; ++run) {  // run 0: warm-up
-        std::vector<double> times(2);
+        std::vector<Block> blocks(2);
         for (int k = 0; k < ranks; ++k) {
           threads.emplace_back([&, k] {
             Rank& r = members[std::size_t(k)];
             // Odd runs time Gloo first: neither side always runs on a warmer machine.
-            double d = 0, g = 0;
+            Block d, g;
             if (run % 2 == 0) {
               d = time_block(r, k, o.iterations, c.dew);
               g = time_block(r, k, o.iterations, c.gloo);
@@ -179,21 +202,26 @@ void run_ranks(int ranks, const Options& o) {
               g = time_block(r, k, o.iterations, c.gloo);
               d = time_block(r, k, o.iterations, c.dew);
             }
-            if (k == 0) times = {d, g};
+            if (k == 0) blocks = {d, g};
           });
         }
         for (auto& t : threads) t.join();
         threads.clear();
         if (run == 0) continue;
-        dew_times.push_back(times[0]);
-        gloo_times.push_back(times[1]);
+        dew_times.push_back(blocks[0].wall);
+        gloo_times.push_back(blocks[1].wall);
+        // Each run's two blocks ran back to back: their ratio is what a
+        // machine that speeds up or slows down between runs moves least.
+        ratios.push_back((c.bus / blocks[0].wall) / (gloo_bus / blocks[1].wall));
+        cpu_ratios.push_back((c.bus / blocks[0].cpu) / (gloo_bus / blocks[1].cpu));
       }
       const double d = dew::median(dew_times), g = dew::median(gloo_times);
-      // Gloo's all-reduce moves 2 x part: against reduce-scatter, compare bus rates.
-      const double gloo_bus = std::string(c.name) == "reduce-scatter" ? 2 * part : c.bus;
       const double dew_rate = c.bus / d / 1e6, gloo_rate = gloo_bus / g / 1e6;
-      std::printf("%5d %10ld  %-15s %10.1f %10.1f %10.1f %10.1f %6.2f\n", ranks, bytes, c.name, d * 1e6, dew_rate,
-                  g * 1e6, gloo_rate, dew_rate / gloo_rate);
+      std::sort(ratios.begin(), ratios.end());
+      const auto quartile = [&](std::size_t q) { return ratios[(ratios.size() - 1) * q / 4]; };
+      std::printf("%5d %10ld  %-15s %10.1f %10.1f %10.1f %10.1f %6.2f  %4.2f-%4.2f %6.2f\n", ranks, bytes, c.name,
+                  d * 1e6, dew_rate, g * 1e6, gloo_rate, dew::median(ratios), quartile(1), quartile(3),
+                  dew::median(cpu_ratios));
       std::fflush(stdout);
     }
   }
@@ -205,8 +233,8 @@ int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   std::printf("Collectives over thread ranks, Gloo TCP on loopback; medians of %d runs x %d calls\n", o.runs,
               o.iterations);
-  std::printf("%5s %10s  %-15s %10s %10s %10s %10s %6s\n", "ranks", "bytes", "collective", "dew us", "dew MB/s",
-              "gloo us", "gloo MB/s", "ratio");
+  std::printf("%5s %10s  %-15s %10s %10s %10s %10s %6s  %9s %6s\n", "ranks", "bytes", "collective", "dew us",
+              "dew MB/s", "gloo us", "gloo MB/s", "ratio", "q1-q3", "cpu");
   for (int ranks : o.ranks) run_ranks(ranks, o);
   return 0;
 }

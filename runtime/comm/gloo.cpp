@@ -99,17 +99,14 @@ class GlooCommunicator : public Communicator {
   // rank or b + a on the other, and IEEE addition commutes, so every rank
   // holds the rank-order sum's bits as the base class promises, with one
   // pipelined call instead of an all-to-all and an all-gather. More ranks
-  // would add in ring order: they take the base class's way.
-  Result<Done> all_reduce(std::span<float> data) override { return two_rank_all_reduce(data); }
-  Result<Done> all_reduce(std::span<double> data) override { return two_rank_all_reduce(data); }
-  // Two ranks: each sends the other its half in segments and adds each
-  // segment as it arrives (a + b commutes: the rank-order sum's bits), where
-  // the all-to-all would first wait for the whole half.
+  // would add in ring order: they take chain_all_reduce.
+  Result<Done> all_reduce(std::span<float> data) override { return pipelined_all_reduce(data); }
+  Result<Done> all_reduce(std::span<double> data) override { return pipelined_all_reduce(data); }
   Result<Done> reduce_scatter(std::span<const float> send, std::span<float> recv) override {
-    return two_rank_reduce_scatter(send, recv);
+    return segmented_reduce_scatter(send, recv);
   }
   Result<Done> reduce_scatter(std::span<const double> send, std::span<double> recv) override {
-    return two_rank_reduce_scatter(send, recv);
+    return segmented_reduce_scatter(send, recv);
   }
 
   Result<Done> barrier() override {
@@ -121,37 +118,64 @@ class GlooCommunicator : public Communicator {
   }
 
  private:
+  // Each rank sends every peer that peer's chunk in segments, one buffer
+  // per peer, and adds the chunks it receives in rank order, segment by
+  // segment, each as soon as that rank's copy is in: the rank-order sum's
+  // bits (at two ranks a + b on one and b + a on the other, which commute),
+  // with the adding of early ranks' copies while later ones still arrive,
+  // where Gloo's all-to-all first waits for all of them. Segments: 256 KiB
+  // at two ranks, 1 MiB past that (bench/collectives measured both; smaller
+  // ones cost more per message than they overlap).
   template <typename T>
-  Result<Done> two_rank_reduce_scatter(std::span<const T> send, std::span<T> recv) {
-    if (size() != 2 || recv.empty()) return Communicator::reduce_scatter(send, recv);
+  Result<Done> segmented_reduce_scatter(std::span<const T> send, std::span<T> recv) {
     if (auto bad = check_reduce_scatter(send.size(), recv.size())) return *bad;
-    const std::size_t chunk = recv.size(), bytes = chunk * sizeof(T);
-    const int peer = 1 - rank();
-    thread_local std::vector<T> incoming;
-    incoming.resize(chunk);
+    const int n = size(), r = rank();
+    if (n == 1 || recv.empty()) return Communicator::reduce_scatter(send, recv);
+    const std::size_t chunk = recv.size(), segment = (n == 2 ? 256 * 1024 : 1024 * 1024) / sizeof(T);
+    const std::size_t segments = (chunk + segment - 1) / segment;
+    const auto offset = [&](std::size_t s) { return s * segment * sizeof(T); };
+    const auto length = [&](std::size_t s) { return (std::min(chunk, (s + 1) * segment) - s * segment) * sizeof(T); };
+    thread_local std::vector<T> incoming;  // peer q's copy of this rank's chunk at q * chunk
+    incoming.resize(chunk * static_cast<std::size_t>(n));
     return guarded("reduce_scatter", [&] {
-      constexpr std::size_t kSegment = 256 * 1024;  // bytes: a multiple of sizeof(T)
-      const std::size_t segments = (bytes + kSegment - 1) / kSegment;
-      auto out = context_->createUnboundBuffer(const_cast<T*>(send.data() + peer * chunk), bytes);  // read only
-      auto in = context_->createUnboundBuffer(incoming.data(), bytes);
+      const auto timeout = context_->getTimeout();
       const auto slot = static_cast<std::uint64_t>(context_->nextSlot());
-      for (std::size_t s = 0; s < segments; ++s) in->recv(peer, slot, s * kSegment, std::min(kSegment, bytes - s * kSegment));
-      for (std::size_t s = 0; s < segments; ++s) out->send(peer, slot, s * kSegment, std::min(kSegment, bytes - s * kSegment));
-      const T* mine = send.data() + static_cast<std::size_t>(rank()) * chunk;
+      std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> from(static_cast<std::size_t>(n));
+      for (int q = 0; q < n; ++q) {
+        if (q == r) continue;
+        from[std::size_t(q)] = context_->createUnboundBuffer(incoming.data() + std::size_t(q) * chunk, chunk * sizeof(T));
+        for (std::size_t s = 0; s < segments; ++s) from[std::size_t(q)]->recv(q, slot, offset(s), length(s));
+      }
+      auto out = context_->createUnboundBuffer(const_cast<T*>(send.data()), send.size_bytes());  // read only
       for (std::size_t s = 0; s < segments; ++s) {
-        if (!in->waitRecv(context_->getTimeout())) throw std::runtime_error("Timed out waiting for the peer's half");
-        const std::size_t last = std::min(chunk, (s + 1) * kSegment / sizeof(T));
-        for (std::size_t i = s * kSegment / sizeof(T); i < last; ++i) recv[i] = mine[i] + incoming[i];
+        for (int k = 1; k < n; ++k) {  // each peer's first segment first, from the next rank on
+          const int to = (r + k) % n;
+          out->send(to, slot, std::size_t(to) * chunk * sizeof(T) + offset(s), length(s));
+        }
       }
       for (std::size_t s = 0; s < segments; ++s) {
-        if (!out->waitSend(context_->getTimeout())) throw std::runtime_error("Timed out sending the peer's half");
+        T* sum = recv.data() + s * segment;
+        const std::size_t count = length(s) / sizeof(T);
+        for (int q = 0; q < n; ++q) {
+          const T* term = (q == r ? send.data() : incoming.data()) + std::size_t(q) * chunk + s * segment;
+          if (q != r && !from[std::size_t(q)]->waitRecv(timeout)) throw std::runtime_error("reduce_scatter was aborted");
+          if (q == 0) {
+            std::copy(term, term + count, sum);
+          } else {
+            for (std::size_t i = 0; i < count; ++i) sum[i] += term[i];
+          }
+        }
+      }
+      for (std::size_t k = 0; k < segments * std::size_t(n - 1); ++k) {
+        if (!out->waitSend(timeout)) throw std::runtime_error("reduce_scatter was aborted");
       }
     });
   }
 
   template <typename T>
-  Result<Done> two_rank_all_reduce(std::span<T> data) {
-    if (size() != 2 || data.empty()) return Communicator::all_reduce(data);
+  Result<Done> pipelined_all_reduce(std::span<T> data) {
+    if (size() == 1 || data.empty()) return Done{};
+    if (size() > 2) return guarded("all_reduce", [&] { chain_all_reduce(data); });
     return guarded("all_reduce", [&] {
       gloo::AllreduceOptions options(context_);
       options.setOutput(data.data(), data.size());
@@ -159,6 +183,68 @@ class GlooCommunicator : public Communicator {
       options.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<T>));
       gloo::allreduce(options);
     });
+  }
+
+  // Three or more ranks: the rank-order sum ((x0 + x1) + x2) + ... is a
+  // chain, so it runs as one, pipelined in segments along the ring 0 -> 1 ->
+  // ... -> n-1 -> 0: rank r adds its values to the partial sum from r - 1
+  // and passes it on; rank n-1 finishes each segment and sends it round to
+  // 0, and 0 .. n-3 forward it. Every rank sends and receives from one
+  // neighbour at a time, like Gloo's ring (on a shared machine the bytes
+  // copied are the same as the ring's and an all-to-all's, with fewer
+  // streams at once; bench/collectives measured it against both), and every
+  // rank holds the very bits rank n-1 computed.
+  //
+  // The result is received into `data` while `data` is still being sent
+  // from: safe on TCP, because the result of a segment cannot exist before
+  // this rank's copy of that segment has been written to its socket.
+  template <typename T>
+  void chain_all_reduce(std::span<T> data) {
+    constexpr std::size_t kSegment = 1024 * 1024 / sizeof(T);  // measured: smaller segments cost per-message overhead
+    const int n = size(), r = rank(), left = (r + n - 1) % n, right = (r + 1) % n;
+    const std::size_t count = data.size(), segments = (count + kSegment - 1) / kSegment;
+    const auto offset = [&](std::size_t s) { return s * kSegment * sizeof(T); };
+    const auto length = [&](std::size_t s) { return (std::min(count, (s + 1) * kSegment) - s * kSegment) * sizeof(T); };
+    const auto timeout = context_->getTimeout();
+    const auto must = [](bool completed) {
+      if (!completed) throw std::runtime_error("all_reduce was aborted");
+    };
+    thread_local std::vector<T> partial;  // the partial sums from the left
+    partial.resize(r > 0 ? count : 0);
+    auto buffer = context_->createUnboundBuffer(data.data(), count * sizeof(T));
+    auto from_left = context_->createUnboundBuffer(partial.data(), partial.size() * sizeof(T));
+    const auto sums = static_cast<std::uint64_t>(context_->nextSlot(2)), results = sums + 1;
+    std::size_t sent = 0, forwarded = 0;
+    for (std::size_t s = 0; s < segments; ++s) {
+      if (r > 0) from_left->recv(left, sums, offset(s), length(s));
+      if (r != n - 1) buffer->recv(left, results, offset(s), length(s));
+    }
+    const bool forwards = r != n - 1 && r != n - 2;  // n-1 has the result already
+    const auto forward_next = [&] {
+      must(buffer->waitRecv(timeout));
+      if (forwards) {
+        buffer->send(right, results, offset(forwarded), length(forwarded));
+        ++sent;
+      }
+      ++forwarded;
+    };
+    for (std::size_t s = 0; s < segments; ++s) {
+      if (r > 0) {
+        must(from_left->waitRecv(timeout));
+        T* mine = data.data() + s * kSegment;
+        const T* before = partial.data() + s * kSegment;
+        for (std::size_t i = 0, end = length(s) / sizeof(T); i < end; ++i) mine[i] = before[i] + mine[i];
+      }
+      buffer->send(right, r == n - 1 ? results : sums, offset(s), length(s));
+      ++sent;
+      // A segment's result comes back about n segments after this rank
+      // sent it: forward it then, not after the last segment.
+      if (r != n - 1 && forwarded + static_cast<std::size_t>(n) <= s) forward_next();
+    }
+    if (r != n - 1) {
+      while (forwarded < segments) forward_next();
+    }
+    for (std::size_t k = 0; k < sent; ++k) must(buffer->waitSend(timeout));
   }
 
   template <typename F>

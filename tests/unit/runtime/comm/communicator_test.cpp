@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <functional>
 #include <string>
 #include <thread>
@@ -86,6 +87,28 @@ TEST_P(CommunicatorTest, LargeReduceScattersAndAllReducesSumInRankOrder) {
   });
 }
 
+// Three or more ranks run the all-reduce as a chain of 1 MiB segments:
+// past three segments and not a multiple of one, every element of a float
+// sum has the rank-order bits on every rank (a ring's order would differ).
+TEST_P(CommunicatorTest, MultiSegmentFloatAllReduceHasRankOrderBitsEverywhere) {
+  spawn(GetParam(), [n = GetParam()](Communicator& comm) {
+    const std::size_t length = 3 * 262144 + 12345;
+    const auto value = [](int rank, std::size_t i) {
+      return float(rank + 1) * 0.37f + float(i % 1013) * 1e-3f + float(rank * rank) * 1e-5f;
+    };
+    std::vector<float> data(length);
+    for (std::size_t i = 0; i < length; ++i) data[i] = value(comm.rank(), i);
+    ASSERT_TRUE(comm.all_reduce(std::span<float>(data)).ok());
+    std::size_t wrong = 0, first_wrong = length;
+    for (std::size_t i = 0; i < length; ++i) {
+      float expected = 0;
+      for (int r = 0; r < n; ++r) expected += value(r, i);
+      if (data[i] != expected && wrong++ == 0) first_wrong = i;
+    }
+    EXPECT_EQ(wrong, 0u) << "first at element " << first_wrong << " on rank " << comm.rank();
+  });
+}
+
 TEST_P(CommunicatorTest, BroadcastFromEveryRoot) {
   spawn(GetParam(), [n = GetParam()](Communicator& comm) { check_broadcast(comm, n); });
 }
@@ -94,9 +117,40 @@ TEST_P(CommunicatorTest, ManyCallsInARowAndGrowingSizes) {
   spawn(GetParam(), [n = GetParam()](Communicator& comm) { check_many_calls(comm, n); });
 }
 
-INSTANTIATE_TEST_SUITE_P(Sizes, CommunicatorTest, ::testing::Values(1, 2, 3, 4));
+INSTANTIATE_TEST_SUITE_P(Sizes, CommunicatorTest, ::testing::Values(1, 2, 3, 4, 5));
 
 TEST(CommunicatorErrorsTest, SizesThatDoNotFit) { spawn(2, check_size_errors); }
+
+// A rank that leaves instead of joining a large all-reduce: the others end
+// with an error naming the collective, not a hang.
+TEST(CommunicatorErrorsTest, PeerGoneDuringAllReduceIsAnErrorNotAHang) {
+  KeyValue store = dew::comm::local_key_value();
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(3);
+  const auto start = std::chrono::steady_clock::now();
+  for (int rank = 0; rank < 3; ++rank) {
+    threads.emplace_back([&, rank] {
+      GlooOptions options;
+      options.rank = rank;
+      options.size = 3;
+      options.store = store;
+      options.timeout = std::chrono::seconds(20);
+      auto comm = dew::comm::make_gloo_communicator(options);
+      ASSERT_TRUE(comm.ok()) << comm.error().message;
+      if (rank == 2) return;  // its connections close with it
+      std::vector<float> data(3 * 262144, 1.0f);
+      const auto done = comm.value()->all_reduce(std::span<float>(data));
+      ASSERT_FALSE(done.ok());
+      errors[std::size_t(rank)] = done.error().message;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_THAT(errors[std::size_t(rank)], HasSubstr("all_reduce on rank " + std::to_string(rank) + " of 3 failed"));
+    EXPECT_EQ(errors[std::size_t(rank)].find('\n'), std::string::npos) << "one line";
+  }
+}
 
 TEST(CommunicatorErrorsTest, BadRankAndMissingPeer) {
   GlooOptions options;
