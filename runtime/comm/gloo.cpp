@@ -123,18 +123,23 @@ class GlooCommunicator : public Communicator {
   // segment, each as soon as that rank's copy is in: the rank-order sum's
   // bits (at two ranks a + b on one and b + a on the other, which commute),
   // with the adding of early ranks' copies while later ones still arrive,
-  // where Gloo's all-to-all first waits for all of them. Segments: 256 KiB
-  // at two ranks, 1 MiB past that (bench/collectives measured both; smaller
-  // ones cost more per message than they overlap).
+  // where Gloo's all-to-all first waits for all of them. Segments of equal
+  // size, at least 256 KiB at two ranks and 1 MiB past that (a short last
+  // segment costs a message and overlaps nothing; bench/collectives measured
+  // 256 KiB to 1 MiB, within its noise of each other).
   template <typename T>
   Result<Done> segmented_reduce_scatter(std::span<const T> send, std::span<T> recv) {
     if (auto bad = check_reduce_scatter(send.size(), recv.size())) return *bad;
     const int n = size(), r = rank();
     if (n == 1 || recv.empty()) return Communicator::reduce_scatter(send, recv);
-    const std::size_t chunk = recv.size(), segment = (n == 2 ? 256 * 1024 : 1024 * 1024) / sizeof(T);
-    const std::size_t segments = (chunk + segment - 1) / segment;
+    const std::size_t chunk = recv.size();
+    const std::size_t smallest = (n == 2 ? 256 * 1024 : 1024 * 1024) / sizeof(T);  // equal segments, none smaller
+    const std::size_t segments = std::max<std::size_t>(1, chunk / smallest);
+    const std::size_t segment = (chunk + segments - 1) / segments;
     const auto offset = [&](std::size_t s) { return s * segment * sizeof(T); };
-    const auto length = [&](std::size_t s) { return (std::min(chunk, (s + 1) * segment) - s * segment) * sizeof(T); };
+    const auto length = [&](std::size_t s) {
+      return (std::min(chunk, (s + 1) * segment) - std::min(chunk, s * segment)) * sizeof(T);
+    };
     thread_local std::vector<T> incoming;  // peer q's copy of this rank's chunk at q * chunk
     incoming.resize(chunk * static_cast<std::size_t>(n));
     return guarded("reduce_scatter", [&] {

@@ -89,8 +89,9 @@ TEST_P(CommunicatorTest, LargeReduceScattersAndAllReducesSumInRankOrder) {
 
 // Three or more ranks run the all-reduce as a chain of 1 MiB segments:
 // past three segments and not a multiple of one, every element of a float
-// sum has the rank-order bits on every rank (a ring's order would differ).
-TEST_P(CommunicatorTest, MultiSegmentFloatAllReduceHasRankOrderBitsEverywhere) {
+// sum has the rank-order bits on every rank (a ring's order would differ);
+// so does every element of a reduce-scatter past one segment.
+TEST_P(CommunicatorTest, MultiSegmentFloatAllReduceAndReduceScatterHaveRankOrderBitsEverywhere) {
   spawn(GetParam(), [n = GetParam()](Communicator& comm) {
     const std::size_t length = 3 * 262144 + 12345;
     const auto value = [](int rank, std::size_t i) {
@@ -106,6 +107,19 @@ TEST_P(CommunicatorTest, MultiSegmentFloatAllReduceHasRankOrderBitsEverywhere) {
       if (data[i] != expected && wrong++ == 0) first_wrong = i;
     }
     EXPECT_EQ(wrong, 0u) << "first at element " << first_wrong << " on rank " << comm.rank();
+    // The reduce-scatter's segments (equal, at least 1 MiB past two ranks):
+    // a chunk of two and a half, every element in rank order.
+    const std::size_t chunk = 655360;
+    std::vector<float> send(chunk * std::size_t(n)), mine(chunk);
+    for (std::size_t i = 0; i < send.size(); ++i) send[i] = value(comm.rank(), i);
+    ASSERT_TRUE(comm.reduce_scatter(std::span<const float>(send), std::span<float>(mine)).ok());
+    wrong = 0;
+    for (std::size_t i = 0; i < chunk; ++i) {
+      float expected = 0;
+      for (int r = 0; r < n; ++r) expected += value(r, std::size_t(comm.rank()) * chunk + i);
+      if (mine[i] != expected && wrong++ == 0) first_wrong = i;
+    }
+    EXPECT_EQ(wrong, 0u) << "reduce-scatter: first at element " << first_wrong << " on rank " << comm.rank();
   });
 }
 
