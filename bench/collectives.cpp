@@ -28,7 +28,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
-#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -77,8 +76,7 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-// The collectives timed: name, then Dew's and Gloo's way of doing it on
-// `floats` values per rank.
+// One rank: its Dew communicator and its own Gloo context for the baseline.
 struct Rank {
   std::unique_ptr<dew::comm::Communicator> dew;
   std::shared_ptr<gloo::rendezvous::Context> gloo;
@@ -106,7 +104,7 @@ void gloo_all_gather(Rank& r, std::vector<float>& send, std::vector<float>& recv
 struct Block {
   double wall = 0, cpu = 0;
 };
-using Call = std::function<void(Rank&, int rank)>;
+using Call = std::function<void(Rank&)>;
 
 double cpu_seconds() {
   rusage usage{};
@@ -134,7 +132,7 @@ Block time_block(Rank& r, int rank, Side side, int iterations, const Call& call)
   barrier(r, side);
   const double cpu = rank == 0 ? cpu_seconds() : 0;
   const auto start = Clock::now();
-  for (int k = 0; k < iterations; ++k) call(r, rank);
+  for (int k = 0; k < iterations; ++k) call(r);
   barrier(r, side);
   Block block;
   block.wall = std::chrono::duration<double>(Clock::now() - start).count() / iterations;
@@ -142,13 +140,85 @@ Block time_block(Rank& r, int rank, Side side, int iterations, const Call& call)
   return block;
 }
 
+// One collective timed both ways: name, bus bytes per call, Dew's call and
+// Gloo's, on the calling rank's own buffers.
+struct Case {
+  const char* name;
+  double bus, gloo_bus;
+  std::function<void(Rank&)> dew, gloo;
+};
+
+// Rank 0's timings of one case over the runs, and its table row.
+struct Timings {
+  std::vector<double> dew, gloo, ratios, cpu_ratios;
+
+  void add(const Case& c, const Block& d, const Block& g) {
+    dew.push_back(d.wall);
+    gloo.push_back(g.wall);
+    // Each run's two blocks ran back to back: their ratio is what a
+    // machine that speeds up or slows down between runs moves least.
+    ratios.push_back((c.bus / d.wall) / (c.gloo_bus / g.wall));
+    cpu_ratios.push_back((c.bus / d.cpu) / (c.gloo_bus / g.cpu));
+  }
+
+  void print(int ranks, long bytes, const Case& c) {
+    const double d = dew::median(dew), g = dew::median(gloo);
+    std::sort(ratios.begin(), ratios.end());
+    const auto quartile = [&](std::size_t q) { return ratios[(ratios.size() - 1) * q / 4]; };
+    std::printf("%5d %10ld  %-15s %10.1f %10.1f %10.1f %10.1f %6.2f  %4.2f-%4.2f %6.2f\n", ranks, bytes, c.name,
+                d * 1e6, c.bus / d / 1e6, g * 1e6, c.gloo_bus / g / 1e6, dew::median(ratios), quartile(1),
+                quartile(3), dew::median(cpu_ratios));
+    std::fflush(stdout);
+  }
+};
+
+// What one rank's thread does for every size: its buffers, the three cases
+// (Gloo's all-reduce moves 2 x part: against reduce-scatter, bus rates are
+// compared), each timed over the runs, Dew first in even runs and Gloo
+// first in odd ones, so neither side always runs on a warmer machine.
+void rank_loop(Rank& r, int k, int ranks, const Options& o) {
+  for (long bytes : o.sizes) {
+    const std::size_t floats = std::size_t(bytes / 4 / ranks * ranks);
+    const double part = double(ranks - 1) / ranks * double(floats) * 4;
+    std::vector<float> data(floats, 1.0f), out(floats), chunk(floats / std::size_t(ranks), 1.0f);
+    const std::vector<Case> cases = {
+        {"all-reduce", 2 * part, 2 * part, [&](Rank& m) { (void)m.dew->all_reduce(std::span<float>(data)); },
+         [&](Rank& m) { gloo_all_reduce(m, data); }},
+        {"all-gather", part, part,
+         [&](Rank& m) { (void)m.dew->all_gather(std::span<const float>(chunk), std::span<float>(out)); },
+         [&](Rank& m) { gloo_all_gather(m, chunk, out); }},
+        {"reduce-scatter", part, 2 * part,
+         [&](Rank& m) { (void)m.dew->reduce_scatter(std::span<const float>(data), std::span<float>(chunk)); },
+         [&](Rank& m) { gloo_all_reduce(m, data); }},
+    };
+    for (const auto& c : cases) {
+      Timings timings;
+      for (int run = 0; run < o.runs + 1; ++run) {  // run 0: warm-up
+        Block d, g;
+        if (run % 2 == 0) {
+          d = time_block(r, k, Side::kDew, o.iterations, c.dew);
+          g = time_block(r, k, Side::kGloo, o.iterations, c.gloo);
+        } else {
+          g = time_block(r, k, Side::kGloo, o.iterations, c.gloo);
+          d = time_block(r, k, Side::kDew, o.iterations, c.dew);
+        }
+        if (k == 0 && run > 0) timings.add(c, d, g);
+      }
+      if (k == 0) timings.print(ranks, bytes, c);
+    }
+  }
+}
+
+// The ranks are threads that live for the whole run, as the worker's
+// devices do: what a collective keeps per thread is made once, not once
+// per run.
 void run_ranks(int ranks, const Options& o) {
   auto dew_store = dew::comm::local_key_value();
   auto gloo_store = std::make_shared<gloo::rendezvous::HashStore>();
-  std::vector<Rank> members(static_cast<std::size_t>(ranks));
   std::vector<std::thread> threads;
   for (int k = 0; k < ranks; ++k) {
     threads.emplace_back([&, k] {
+      Rank r;
       dew::comm::GlooOptions options;
       options.rank = k;
       options.size = ranks;
@@ -158,86 +228,17 @@ void run_ranks(int ranks, const Options& o) {
         std::fprintf(stderr, "collectives: %s\n", made.error().message.c_str());
         std::exit(1);
       }
-      members[std::size_t(k)].dew = std::move(made.value());
+      r.dew = std::move(made.value());
       gloo::transport::tcp::attr attr;
       attr.hostname = "127.0.0.1";
-      auto context = std::make_shared<gloo::rendezvous::Context>(k, ranks);
+      r.gloo = std::make_shared<gloo::rendezvous::Context>(k, ranks);
       gloo::rendezvous::PrefixStore prefixed("baseline", *gloo_store);
       auto device = gloo::transport::tcp::CreateDevice(attr);
-      context->connectFullMesh(prefixed, device);
-      members[std::size_t(k)].gloo = context;
+      r.gloo->connectFullMesh(prefixed, device);
+      rank_loop(r, k, ranks, o);
     });
   }
   for (auto& t : threads) t.join();
-  threads.clear();
-  for (long bytes : o.sizes) {
-    const std::size_t floats = std::size_t(bytes / 4 / ranks * ranks);
-    const double part = double(ranks - 1) / ranks * double(floats) * 4;
-    // name, bus bytes per call, Dew's call, Gloo's call
-    struct Case {
-      const char* name;
-      double bus;
-      Call dew, gloo;
-    };
-    std::vector<std::vector<float>> data(static_cast<std::size_t>(ranks), std::vector<float>(floats, 1.0f));
-    std::vector<std::vector<float>> out(static_cast<std::size_t>(ranks), std::vector<float>(floats));
-    std::vector<std::vector<float>> chunk(static_cast<std::size_t>(ranks), std::vector<float>(floats / std::size_t(ranks), 1.0f));
-    const std::vector<Case> cases = {
-        {"all-reduce", 2 * part,
-         [&](Rank& r, int k) { (void)r.dew->all_reduce(std::span<float>(data[std::size_t(k)])); },
-         [&](Rank& r, int k) { gloo_all_reduce(r, data[std::size_t(k)]); }},
-        {"all-gather", part,
-         [&](Rank& r, int k) {
-           (void)r.dew->all_gather(std::span<const float>(chunk[std::size_t(k)]), std::span<float>(out[std::size_t(k)]));
-         },
-         [&](Rank& r, int k) { gloo_all_gather(r, chunk[std::size_t(k)], out[std::size_t(k)]); }},
-        {"reduce-scatter", part,
-         [&](Rank& r, int k) {
-           (void)r.dew->reduce_scatter(std::span<const float>(data[std::size_t(k)]),
-                                       std::span<float>(chunk[std::size_t(k)]));
-         },
-         [&](Rank& r, int k) { gloo_all_reduce(r, data[std::size_t(k)]); }},
-    };
-    for (const auto& c : cases) {
-      const double gloo_bus = std::string(c.name) == "reduce-scatter" ? 2 * part : c.bus;
-      std::vector<double> dew_times, gloo_times, ratios, cpu_ratios;
-      for (int run = 0; run < o.runs + 1; ++run) {  // run 0: warm-up
-        std::vector<Block> blocks(2);
-        for (int k = 0; k < ranks; ++k) {
-          threads.emplace_back([&, k] {
-            Rank& r = members[std::size_t(k)];
-            // Odd runs time Gloo first: neither side always runs on a warmer machine.
-            Block d, g;
-            if (run % 2 == 0) {
-              d = time_block(r, k, Side::kDew, o.iterations, c.dew);
-              g = time_block(r, k, Side::kGloo, o.iterations, c.gloo);
-            } else {
-              g = time_block(r, k, Side::kGloo, o.iterations, c.gloo);
-              d = time_block(r, k, Side::kDew, o.iterations, c.dew);
-            }
-            if (k == 0) blocks = {d, g};
-          });
-        }
-        for (auto& t : threads) t.join();
-        threads.clear();
-        if (run == 0) continue;
-        dew_times.push_back(blocks[0].wall);
-        gloo_times.push_back(blocks[1].wall);
-        // Each run's two blocks ran back to back: their ratio is what a
-        // machine that speeds up or slows down between runs moves least.
-        ratios.push_back((c.bus / blocks[0].wall) / (gloo_bus / blocks[1].wall));
-        cpu_ratios.push_back((c.bus / blocks[0].cpu) / (gloo_bus / blocks[1].cpu));
-      }
-      const double d = dew::median(dew_times), g = dew::median(gloo_times);
-      const double dew_rate = c.bus / d / 1e6, gloo_rate = gloo_bus / g / 1e6;
-      std::sort(ratios.begin(), ratios.end());
-      const auto quartile = [&](std::size_t q) { return ratios[(ratios.size() - 1) * q / 4]; };
-      std::printf("%5d %10ld  %-15s %10.1f %10.1f %10.1f %10.1f %6.2f  %4.2f-%4.2f %6.2f\n", ranks, bytes, c.name,
-                  d * 1e6, dew_rate, g * 1e6, gloo_rate, dew::median(ratios), quartile(1), quartile(3),
-                  dew::median(cpu_ratios));
-      std::fflush(stdout);
-    }
-  }
 }
 
 }  // namespace

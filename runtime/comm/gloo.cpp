@@ -131,7 +131,10 @@ class GlooCommunicator : public Communicator {
   Result<Done> segmented_reduce_scatter(std::span<const T> send, std::span<T> recv) {
     if (auto bad = check_reduce_scatter(send.size(), recv.size())) return *bad;
     const int n = size(), r = rank();
-    if (n == 1 || recv.empty()) return Communicator::reduce_scatter(send, recv);
+    // In place (recv inside send) the sum would read what it has written:
+    // the all-to-all way copies first.
+    const bool overlap = recv.data() < send.data() + send.size() && send.data() < recv.data() + recv.size();
+    if (n == 1 || recv.empty() || overlap) return Communicator::reduce_scatter(send, recv);
     const std::size_t chunk = recv.size();
     const std::size_t smallest = (n == 2 ? 256 * 1024 : 1024 * 1024) / sizeof(T);  // equal segments, none smaller
     const std::size_t segments = std::max<std::size_t>(1, chunk / smallest);
@@ -161,14 +164,16 @@ class GlooCommunicator : public Communicator {
       for (std::size_t s = 0; s < segments; ++s) {
         T* sum = recv.data() + s * segment;
         const std::size_t count = length(s) / sizeof(T);
-        for (int q = 0; q < n; ++q) {
-          const T* term = (q == r ? send.data() : incoming.data()) + std::size_t(q) * chunk + s * segment;
+        const auto term = [&](int q) {  // rank q's copy of this segment, once it is in
           if (q != r && !from[std::size_t(q)]->waitRecv(timeout)) throw std::runtime_error("reduce_scatter was aborted");
-          if (q == 0) {
-            std::copy(term, term + count, sum);
-          } else {
-            for (std::size_t i = 0; i < count; ++i) sum[i] += term[i];
-          }
+          return (q == r ? send.data() : incoming.data()) + std::size_t(q) * chunk + s * segment;
+        };
+        const T* first = term(0);
+        const T* second = term(1);  // the first two in one pass: no copy of the first
+        for (std::size_t i = 0; i < count; ++i) sum[i] = first[i] + second[i];
+        for (int q = 2; q < n; ++q) {
+          const T* next = term(q);
+          for (std::size_t i = 0; i < count; ++i) sum[i] += next[i];
         }
       }
       for (std::size_t k = 0; k < segments * std::size_t(n - 1); ++k) {

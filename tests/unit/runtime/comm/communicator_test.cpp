@@ -123,6 +123,23 @@ TEST_P(CommunicatorTest, MultiSegmentFloatAllReduceAndReduceScatterHaveRankOrder
   });
 }
 
+// In place: recv is this rank's own chunk of send, as NCCL allows.
+TEST_P(CommunicatorTest, ReduceScatterInPlaceSumsInRankOrder) {
+  spawn(GetParam(), [n = GetParam()](Communicator& comm) {
+    const std::size_t chunk = 300007;
+    const auto value = [](int rank, std::size_t i) { return float(rank + 1) * 0.37f + float(i % 997) * 1e-3f; };
+    std::vector<float> data(chunk * std::size_t(n));
+    for (std::size_t i = 0; i < data.size(); ++i) data[i] = value(comm.rank(), i);
+    const std::span<float> mine(data.data() + std::size_t(comm.rank()) * chunk, chunk);
+    ASSERT_TRUE(comm.reduce_scatter(std::span<const float>(data), mine).ok());
+    for (std::size_t i = 0; i < chunk; i += 101) {
+      float expected = 0;
+      for (int r = 0; r < n; ++r) expected += value(r, std::size_t(comm.rank()) * chunk + i);
+      ASSERT_EQ(mine[i], expected) << "element " << i;
+    }
+  });
+}
+
 TEST_P(CommunicatorTest, BroadcastFromEveryRoot) {
   spawn(GetParam(), [n = GetParam()](Communicator& comm) { check_broadcast(comm, n); });
 }
