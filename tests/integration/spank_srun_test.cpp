@@ -225,7 +225,10 @@ TEST(SrunDewPool, SingleTaskFormsNoPoolUnlessMultiHost) {
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   env = task_environments(r.out)[0];
   EXPECT_EQ(env["DEW_PROCESS_COUNT"], "1");
-  EXPECT_THAT(env["DEW_COORDINATOR_ADDRESS"], HasSubstr("n1:"));
+  // On the step's one node, whichever Slurm chose (n1 while n2 is free, or
+  // n2 while n1 is still completing the previous test's job).
+  ASSERT_FALSE(env["SLURMD_NODENAME"].empty()) << describe(r);
+  EXPECT_THAT(env["DEW_COORDINATOR_ADDRESS"], HasSubstr(env["SLURMD_NODENAME"] + ":"));
   EXPECT_EQ(env["DEW_POOL_SECRET"].size(), 64u);
   // libdew and dew env see a pool of one, not a process alone.
   r = cluster().srun({"--dew-pool", "--dew-multi-host", "--dew-coordinator=127.0.0.1", "-N1", "-n1", dew_exe(), "env"},
