@@ -145,7 +145,7 @@ Block time_block(Rank& r, int rank, Side side, int iterations, const Call& call)
 struct Case {
   const char* name;
   double bus, gloo_bus;
-  std::function<void(Rank&)> dew, gloo;
+  Call dew, gloo;
 };
 
 // Rank 0's timings of one case over the runs, and its table row.

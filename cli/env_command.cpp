@@ -71,12 +71,9 @@ Result<Report> resolve(const EnvOptions& options) {
     r.jax["num_processes"] = i.size;
     r.jax["process_id"] = i.rank;
     // The plugin's per-task GPUs, as dew.Pool.jax_distributed_kwargs() gives them.
-    if (const auto ids = env.find("JAX_LOCAL_DEVICE_IDS"); ids != env.end() && !ids->second.empty()) {
-      nlohmann::json local = nlohmann::json::array();
-      for (const auto& part : split(ids->second, ',')) {
-        if (auto value = parse_whole<int>(part)) local.push_back(*value);
-      }
-      r.jax["local_device_ids"] = local;
+    if (const auto ids = env.find("JAX_LOCAL_DEVICE_IDS"); ids != env.end()) {
+      // Not a list of indices (set by hand): left out, as JAX would refuse it.
+      if (auto local = parse_index_list(ids->second)) r.jax["local_device_ids"] = *local;
     }
   }
   for (const auto& [name, value] : env) {

@@ -37,7 +37,7 @@ Result<runtime::Pool> join_with_cpu_devices() {
   // Their devices wait in collectives, not at agreements: a peer's failure
   // ends the process as soon as it is heard (unless the user set a grace).
   runtime::JoinOptions options;
-  if (!std::getenv("DEW_FAILURE_GRACE_SECONDS")) options.failure_grace = std::chrono::milliseconds(1);
+  options.failure_grace_fallback = std::chrono::milliseconds(1);
   return join_pool(options);
 }
 

@@ -13,6 +13,7 @@
 #include "dew/mesh.h"
 #include "dew/pool.h"
 #include "dew/pool_topology.h"
+#include "dew/text.h"
 #include "dew/topology.h"
 
 namespace dew::cli {
@@ -33,32 +34,16 @@ struct MeshOptions {
 };
 
 // The topology's GPUs as one process and one granule (the file's).
-mesh::DeviceGraph graph_of(const topology::Topology& machine) {
-  mesh::DeviceGraph graph;
-  for (const topology::Gpu& gpu : machine.gpus) graph.devices.push_back({gpu.index, 0, machine.granule});
-  graph.bandwidth = machine.bandwidth_gbps;
-  return graph;
-}
-
 Result<std::vector<int>> parse_devices(const std::string& text) {
   std::vector<int> ids;
-  std::size_t start = 0;
-  while (start <= text.size()) {
-    const std::size_t comma = std::min(text.find(',', start), text.size());
-    const std::string entry = text.substr(start, comma - start);
-    start = comma + 1;
-    long long id = 0;
-    bool digits = !entry.empty() && entry.size() <= 9;
-    for (const char c : entry) {
-      digits = digits && c >= '0' && c <= '9';
-      id = id * 10 + (c - '0');
-    }
-    if (!digits) {
+  for (const auto& entry : split(text, ',')) {
+    const auto id = entry.size() <= 9 ? parse_whole<int>(entry) : std::nullopt;
+    if (!id) {
       return invalid_argument("--devices: '" + entry + "' in '" + text +
                    "' is not allowed; allowed: device ids (whole numbers >= 0) separated by commas, such as "
                    "0,2,1,3");
     }
-    ids.push_back(static_cast<int>(id));
+    ids.push_back(*id);
   }
   return ids;
 }
@@ -83,7 +68,7 @@ Result<mesh::DeviceGraph> load_graph(const MeshOptions& options) {
                  " has no GPUs to lay out; give --topology FILE for another machine, or --processes P "
                  "--devices-per-process D for a CPU pool");
   }
-  return graph_of(loaded.value());
+  return hosts::machine_graph(loaded.value());
 }
 
 std::string list(const std::vector<int>& values) {

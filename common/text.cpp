@@ -15,6 +15,16 @@ std::vector<std::string> split(std::string_view text, char separator) {
   }
 }
 
+std::optional<std::vector<int>> parse_index_list(std::string_view text) {
+  std::vector<int> out;
+  for (const auto& entry : split(text, ',')) {
+    const auto value = parse_whole<int>(entry);
+    if (!value) return std::nullopt;
+    out.push_back(*value);
+  }
+  return out;
+}
+
 std::string join(const std::vector<std::string>& parts, std::string_view separator) {
   std::string out;
   for (std::size_t i = 0; i < parts.size(); ++i) {

@@ -53,8 +53,7 @@ py::tuple build_mesh(const py::object& spec, std::optional<int> processes, std::
     if (files.size() == 1) {
       auto host = value_or_raise(topology::load_topology_file(files[0]));
       if (host.gpus.empty()) throw py::value_error("topology='" + files[0] + "' has no GPUs to lay out");
-      for (const auto& gpu : host.gpus) graph.devices.push_back({gpu.index, 0, host.granule});
-      graph.bandwidth = host.bandwidth_gbps;
+      graph = hosts::machine_graph(host);
     } else {
       graph = value_or_raise(hosts::files_device_graph(files));
     }

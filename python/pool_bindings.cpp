@@ -100,7 +100,7 @@ runtime::Pool& prepare_process(std::optional<bool> multi_host, std::optional<dou
   if (patience) options.agreement_patience = millis_of(*patience, "patience");
   // A script has no agreement loop to unwind a peer's failure through: end
   // as soon as it is heard, even inside C code (unless the user set a grace).
-  if (!std::getenv("DEW_FAILURE_GRACE_SECONDS")) options.failure_grace = std::chrono::milliseconds(1);
+  options.failure_grace_fallback = std::chrono::milliseconds(1);
   add_xla_watchdog();
   try {
     pool = std::make_unique<runtime::Pool>(
@@ -132,13 +132,9 @@ py::dict jax_distributed_kwargs(const runtime::Pool& pool) {
   kwargs["num_processes"] = id.size;
   kwargs["process_id"] = id.rank;
   if (const char* ids = std::getenv("JAX_LOCAL_DEVICE_IDS"); ids && *ids) {
-    py::list local;
-    for (const auto& part : split(ids, ',')) {
-      auto value = parse_whole<int>(part);
-      if (!value) throw py::value_error(std::string("JAX_LOCAL_DEVICE_IDS='") + ids + "' is not a list of indices");
-      local.append(*value);
-    }
-    kwargs["local_device_ids"] = local;
+    auto local = parse_index_list(ids);
+    if (!local) throw py::value_error(std::string("JAX_LOCAL_DEVICE_IDS='") + ids + "' is not a list of indices");
+    kwargs["local_device_ids"] = *local;
   }
   return kwargs;
 }

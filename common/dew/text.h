@@ -26,6 +26,10 @@ std::optional<Int> parse_whole(std::string_view text) {
 // "a,b,,c" -> {"a", "b", "", "c"}; "" -> {""}.
 std::vector<std::string> split(std::string_view text, char separator);
 
+// "0,2,3" -> {0, 2, 3}, the inverse of join(numbers, ","); nullopt when any
+// entry is not a whole number (a UUID, a MIG name, "-1", an empty entry).
+std::optional<std::vector<int>> parse_index_list(std::string_view text);
+
 // {"a", "b"} with ", " -> "a, b".
 std::string join(const std::vector<std::string>& parts, std::string_view separator);
 // {0, 2, 3} with "," -> "0,2,3".

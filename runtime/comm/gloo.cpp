@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <exception>
 #include <stdexcept>
+#include <string>
 
 #include "dew/comm.h"
 #include "dew/text.h"
@@ -48,6 +49,24 @@ Error gloo_error(const std::string& what, const std::exception& e) {
   const std::string text = what + one_line(e.what());
   const bool timed_out = text.find("Timed out") != std::string::npos || text.find("timed out") != std::string::npos;
   return timed_out ? timeout_error(text) : unavailable(text);
+}
+
+// `count` values of T cut into segments of `segment` values (the last one
+// may be shorter): element indices for the sums, bytes for Gloo.
+template <typename T>
+struct Segments {
+  std::size_t count, segment, number;
+  Segments(std::size_t count_, std::size_t segment_)
+      : count(count_), segment(segment_), number((count_ + segment_ - 1) / segment_) {}
+  std::size_t first(std::size_t s) const { return std::min(count, s * segment); }
+  std::size_t size(std::size_t s) const { return std::min(count, (s + 1) * segment) - first(s); }
+  std::size_t offset_bytes(std::size_t s) const { return first(s) * sizeof(T); }
+  std::size_t bytes(std::size_t s) const { return size(s) * sizeof(T); }
+};
+
+// Gloo's waits return false when aborted (a timeout throws on its own).
+void must_complete(bool completed, const char* what) {
+  if (!completed) throw std::runtime_error(std::string(what) + " was aborted");
 }
 
 class GlooCommunicator : public Communicator {
@@ -137,12 +156,8 @@ class GlooCommunicator : public Communicator {
     if (n == 1 || recv.empty() || overlap) return Communicator::reduce_scatter(send, recv);
     const std::size_t chunk = recv.size();
     const std::size_t smallest = (n == 2 ? 256 * 1024 : 1024 * 1024) / sizeof(T);  // equal segments, none smaller
-    const std::size_t segments = std::max<std::size_t>(1, chunk / smallest);
-    const std::size_t segment = (chunk + segments - 1) / segments;
-    const auto offset = [&](std::size_t s) { return s * segment * sizeof(T); };
-    const auto length = [&](std::size_t s) {
-      return (std::min(chunk, (s + 1) * segment) - std::min(chunk, s * segment)) * sizeof(T);
-    };
+    const std::size_t equal = std::max<std::size_t>(1, chunk / smallest);
+    const Segments<T> segments(chunk, (chunk + equal - 1) / equal);
     thread_local std::vector<T> incoming;  // peer q's copy of this rank's chunk at q * chunk
     incoming.resize(chunk * static_cast<std::size_t>(n));
     return guarded("reduce_scatter", [&] {
@@ -152,21 +167,23 @@ class GlooCommunicator : public Communicator {
       for (int q = 0; q < n; ++q) {
         if (q == r) continue;
         from[std::size_t(q)] = context_->createUnboundBuffer(incoming.data() + std::size_t(q) * chunk, chunk * sizeof(T));
-        for (std::size_t s = 0; s < segments; ++s) from[std::size_t(q)]->recv(q, slot, offset(s), length(s));
-      }
-      auto out = context_->createUnboundBuffer(const_cast<T*>(send.data()), send.size_bytes());  // read only
-      for (std::size_t s = 0; s < segments; ++s) {
-        for (int k = 1; k < n; ++k) {  // each peer's first segment first, from the next rank on
-          const int to = (r + k) % n;
-          out->send(to, slot, std::size_t(to) * chunk * sizeof(T) + offset(s), length(s));
+        for (std::size_t s = 0; s < segments.number; ++s) {
+          from[std::size_t(q)]->recv(q, slot, segments.offset_bytes(s), segments.bytes(s));
         }
       }
-      for (std::size_t s = 0; s < segments; ++s) {
-        T* sum = recv.data() + s * segment;
-        const std::size_t count = length(s) / sizeof(T);
+      auto out = context_->createUnboundBuffer(const_cast<T*>(send.data()), send.size_bytes());  // read only
+      for (std::size_t s = 0; s < segments.number; ++s) {
+        for (int k = 1; k < n; ++k) {  // each peer's first segment first, from the next rank on
+          const int to = (r + k) % n;
+          out->send(to, slot, std::size_t(to) * chunk * sizeof(T) + segments.offset_bytes(s), segments.bytes(s));
+        }
+      }
+      for (std::size_t s = 0; s < segments.number; ++s) {
+        T* sum = recv.data() + segments.first(s);
+        const std::size_t count = segments.size(s);
         const auto term = [&](int q) {  // rank q's copy of this segment, once it is in
-          if (q != r && !from[std::size_t(q)]->waitRecv(timeout)) throw std::runtime_error("reduce_scatter was aborted");
-          return (q == r ? send.data() : incoming.data()) + std::size_t(q) * chunk + s * segment;
+          if (q != r) must_complete(from[std::size_t(q)]->waitRecv(timeout), "reduce_scatter");
+          return (q == r ? send.data() : incoming.data()) + std::size_t(q) * chunk + segments.first(s);
         };
         const T* first = term(0);
         const T* second = term(1);  // the first two in one pass: no copy of the first
@@ -176,8 +193,8 @@ class GlooCommunicator : public Communicator {
           for (std::size_t i = 0; i < count; ++i) sum[i] += next[i];
         }
       }
-      for (std::size_t k = 0; k < segments * std::size_t(n - 1); ++k) {
-        if (!out->waitSend(timeout)) throw std::runtime_error("reduce_scatter was aborted");
+      for (std::size_t k = 0; k < segments.number * std::size_t(n - 1); ++k) {
+        must_complete(out->waitSend(timeout), "reduce_scatter");
       }
     });
   }
@@ -210,51 +227,45 @@ class GlooCommunicator : public Communicator {
   // this rank's copy of that segment has been written to its socket.
   template <typename T>
   void chain_all_reduce(std::span<T> data) {
-    constexpr std::size_t kSegment = 1024 * 1024 / sizeof(T);  // measured: smaller segments cost per-message overhead
+    const Segments<T> segments(data.size(), 1024 * 1024 / sizeof(T));  // measured: smaller ones cost per message
     const int n = size(), r = rank(), left = (r + n - 1) % n, right = (r + 1) % n;
-    const std::size_t count = data.size(), segments = (count + kSegment - 1) / kSegment;
-    const auto offset = [&](std::size_t s) { return s * kSegment * sizeof(T); };
-    const auto length = [&](std::size_t s) { return (std::min(count, (s + 1) * kSegment) - s * kSegment) * sizeof(T); };
     const auto timeout = context_->getTimeout();
-    const auto must = [](bool completed) {
-      if (!completed) throw std::runtime_error("all_reduce was aborted");
-    };
     thread_local std::vector<T> partial;  // the partial sums from the left
-    partial.resize(r > 0 ? count : 0);
-    auto buffer = context_->createUnboundBuffer(data.data(), count * sizeof(T));
+    partial.resize(r > 0 ? data.size() : 0);
+    auto buffer = context_->createUnboundBuffer(data.data(), data.size_bytes());
     auto from_left = context_->createUnboundBuffer(partial.data(), partial.size() * sizeof(T));
     const auto sums = static_cast<std::uint64_t>(context_->nextSlot(2)), results = sums + 1;
     std::size_t sent = 0, forwarded = 0;
-    for (std::size_t s = 0; s < segments; ++s) {
-      if (r > 0) from_left->recv(left, sums, offset(s), length(s));
-      if (r != n - 1) buffer->recv(left, results, offset(s), length(s));
+    for (std::size_t s = 0; s < segments.number; ++s) {
+      if (r > 0) from_left->recv(left, sums, segments.offset_bytes(s), segments.bytes(s));
+      if (r != n - 1) buffer->recv(left, results, segments.offset_bytes(s), segments.bytes(s));
     }
     const bool forwards = r != n - 1 && r != n - 2;  // n-1 has the result already
     const auto forward_next = [&] {
-      must(buffer->waitRecv(timeout));
+      must_complete(buffer->waitRecv(timeout), "all_reduce");
       if (forwards) {
-        buffer->send(right, results, offset(forwarded), length(forwarded));
+        buffer->send(right, results, segments.offset_bytes(forwarded), segments.bytes(forwarded));
         ++sent;
       }
       ++forwarded;
     };
-    for (std::size_t s = 0; s < segments; ++s) {
+    for (std::size_t s = 0; s < segments.number; ++s) {
       if (r > 0) {
-        must(from_left->waitRecv(timeout));
-        T* mine = data.data() + s * kSegment;
-        const T* before = partial.data() + s * kSegment;
-        for (std::size_t i = 0, end = length(s) / sizeof(T); i < end; ++i) mine[i] = before[i] + mine[i];
+        must_complete(from_left->waitRecv(timeout), "all_reduce");
+        T* mine = data.data() + segments.first(s);
+        const T* before = partial.data() + segments.first(s);
+        for (std::size_t i = 0, end = segments.size(s); i < end; ++i) mine[i] = before[i] + mine[i];
       }
-      buffer->send(right, r == n - 1 ? results : sums, offset(s), length(s));
+      buffer->send(right, r == n - 1 ? results : sums, segments.offset_bytes(s), segments.bytes(s));
       ++sent;
       // A segment's result comes back about n segments after this rank
       // sent it: forward it then, not after the last segment.
       if (r != n - 1 && forwarded + static_cast<std::size_t>(n) <= s) forward_next();
     }
     if (r != n - 1) {
-      while (forwarded < segments) forward_next();
+      while (forwarded < segments.number) forward_next();
     }
-    for (std::size_t k = 0; k < sent; ++k) must(buffer->waitSend(timeout));
+    for (std::size_t k = 0; k < sent; ++k) must_complete(buffer->waitSend(timeout), "all_reduce");
   }
 
   template <typename F>

@@ -11,17 +11,6 @@
 namespace dew::hosts {
 namespace {
 
-// "0,1" -> {0, 1}; nullopt for UUIDs, MIG names or anything not an index.
-std::optional<std::vector<int>> indices_of(const std::string& text) {
-  std::vector<int> out;
-  for (const auto& entry : split(text, ',')) {
-    auto value = parse_whole<int>(entry);
-    if (!value || *value < 0) return std::nullopt;
-    out.push_back(*value);
-  }
-  return out;
-}
-
 // An integer field in [low, high]; anything else (a float, a string, a huge
 // number) is nullopt, never a conversion out of range.
 std::optional<long long> whole(const nlohmann::json& j, long long low, long long high) {
@@ -50,7 +39,7 @@ Result<mesh::HostPart> local_part(const topology::Topology& host, const LocalFac
     return unavailable("host " + f.host_name + " has no GPUs in its topology (" + host.source + ")");
   }
   if (f.visible_devices && !f.visible_devices->empty()) {
-    if (auto indices = indices_of(*f.visible_devices)) {
+    if (auto indices = parse_index_list(*f.visible_devices)) {
       part.gpus = *indices;
       return part;
     }
@@ -105,6 +94,13 @@ Result<mesh::HostPart> decode_part(std::string_view text) {
   } catch (const nlohmann::json::exception& e) {
     return bad(e.what());
   }
+}
+
+mesh::DeviceGraph machine_graph(const topology::Topology& machine) {
+  mesh::DeviceGraph graph;
+  for (const topology::Gpu& gpu : machine.gpus) graph.devices.push_back({gpu.index, 0, machine.granule});
+  graph.bandwidth = machine.bandwidth_gbps;
+  return graph;
 }
 
 Result<mesh::DeviceGraph> files_device_graph(const std::vector<std::string>& files) {

@@ -336,7 +336,8 @@ Result<Settings> resolve_settings(const Environment& env, const JoinOptions& opt
   auto heartbeat = seconds_setting(env, "DEW_HEARTBEAT_TIMEOUT_SECONDS", options.heartbeat_timeout,
                                    settings.heartbeat_timeout);
   if (!heartbeat.ok()) return heartbeat.error();
-  auto grace = seconds_setting(env, "DEW_FAILURE_GRACE_SECONDS", options.failure_grace, settings.failure_grace);
+  auto grace = seconds_setting(env, "DEW_FAILURE_GRACE_SECONDS", options.failure_grace,
+                               options.failure_grace_fallback.value_or(settings.failure_grace));
   if (!grace.ok()) return grace.error();
   auto join_timeout = seconds_setting(env, "DEW_JOIN_TIMEOUT_SECONDS", options.join_timeout, settings.join_timeout);
   if (!join_timeout.ok()) return join_timeout.error();

@@ -40,6 +40,11 @@ Result<mesh::HostPart> local_part(const topology::Topology& host, const LocalFac
 std::string encode_part(const mesh::HostPart& part);
 Result<mesh::HostPart> decode_part(std::string_view text);
 
+// One machine, one process owning all its GPUs, in the machine's own
+// granule, its link matrix as read (dew mesh --topology FILE or on this
+// machine, dew.build_mesh(topology=FILE)).
+mesh::DeviceGraph machine_graph(const topology::Topology& machine);
+
 // Several hosts planned offline: one topology file per host, one process
 // per host owning all its GPUs, a granule each (dew mesh --topology A
 // --topology B, dew.build_mesh(topology=[...])).

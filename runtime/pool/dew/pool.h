@@ -72,6 +72,11 @@ struct JoinOptions {
   // A published failure not heard at an agreement within this ends the
   // process anyway. Default: DEW_FAILURE_GRACE_SECONDS, else 60 s.
   std::optional<std::chrono::milliseconds> failure_grace;
+  // The grace when neither failure_grace nor DEW_FAILURE_GRACE_SECONDS sets
+  // one: a program with no agreement loop to unwind a peer's failure through
+  // (a Python script, dew worker's devices) sets a millisecond, to end as
+  // soon as the failure is heard.
+  std::optional<std::chrono::milliseconds> failure_grace_fallback;
   // How long to wait for the coordinator and every peer to show up.
   // Default: DEW_JOIN_TIMEOUT_SECONDS, else 300 s.
   std::optional<std::chrono::milliseconds> join_timeout;

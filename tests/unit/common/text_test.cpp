@@ -19,6 +19,15 @@ TEST(ParseWhole, DigitsOnly) {
   }
 }
 
+TEST(ParseIndexList, WholeNumbersOrNothing) {
+  EXPECT_THAT(parse_index_list("0,2,3").value(), ElementsAre(0, 2, 3));
+  EXPECT_THAT(parse_index_list("7").value(), ElementsAre(7));
+  EXPECT_EQ(join(parse_index_list("4,1").value(), ","), "4,1");
+  for (const char* bad : {"", "0,,1", "0,-1", "GPU-8f2c", "MIG-1/2/3", "0, 1", "1,"}) {
+    EXPECT_FALSE(parse_index_list(bad)) << bad;
+  }
+}
+
 TEST(SplitJoin, RoundTrip) {
   EXPECT_THAT(split("a,b,,c", ','), ElementsAre("a", "b", "", "c"));
   EXPECT_THAT(split("", ','), ElementsAre(""));

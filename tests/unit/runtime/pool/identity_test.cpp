@@ -171,6 +171,13 @@ TEST(Settings, OptionsThenVariablesThenDefaults) {
   ASSERT_TRUE(option_wins.ok());
   EXPECT_EQ(option_wins.value().agreement_patience, std::chrono::seconds(7));
 
+  // A fallback replaces only the built-in default: the variable still wins.
+  JoinOptions quick;
+  quick.failure_grace_fallback = std::chrono::milliseconds(1);
+  EXPECT_EQ(dew::runtime::resolve_settings({}, quick).value().failure_grace, std::chrono::milliseconds(1));
+  EXPECT_EQ(dew::runtime::resolve_settings({{"DEW_FAILURE_GRACE_SECONDS", "3"}}, quick).value().failure_grace,
+            std::chrono::seconds(3));
+
   for (const char* bad : {"0", "-3", "soon", "", "1e99", "nan"}) {
     auto refused = dew::runtime::resolve_settings({{"DEW_FAILURE_GRACE_SECONDS", bad}}, JoinOptions{});
     EXPECT_THAT(dew::testing::invalid_argument_of(refused), HasSubstr(std::string("DEW_FAILURE_GRACE_SECONDS='") + bad + "'"));
