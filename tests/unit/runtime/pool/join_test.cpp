@@ -91,8 +91,12 @@ TEST(Join, NothingListeningEndsAtTheTimeoutSayingWhatWasTried) {
 }
 
 TEST(Join, AProcessZeroStoppedBeforeTheOthersJoinedIsNotWaitedForBeyondTheTimeout) {
-  LocalPool zero_alone(3, {"join"}, {{"DEW_LOG_LEVEL", "debug"}});
-  // Only rank 0 of the three is wanted here.
+  // Only rank 0 of the three is wanted here. The others are pointed at a
+  // port where nothing listens, so they never reach rank 0's service, however
+  // late the kill below lands (a rank that connected and was then killed
+  // would end the pool as a failed process).
+  const std::map<std::string, std::string> elsewhere = {{"DEW_COORDINATOR_ADDRESS", "127.0.0.1:1"}};
+  LocalPool zero_alone(3, {"join"}, {{"DEW_LOG_LEVEL", "debug"}}, {{1, elsewhere}, {2, elsewhere}});
   zero_alone.ranks[1]->signal(SIGKILL);
   zero_alone.ranks[2]->signal(SIGKILL);
   ASSERT_TRUE(zero_alone.ranks[0]->wait_for_output("listens on port", 20s)) << zero_alone.describe();
@@ -109,7 +113,11 @@ TEST(Join, AProcessZeroStoppedDuringTheJoinsAgreementEndsItsPeersAtTheTimeout) {
   // Rank 2 never comes; rank 0 stops once rank 1 has connected and waits in
   // the join's agreement, which a stopped service never answers: rank 1
   // ends soon after the 2 s timeout.
-  LocalPool pool(3, {"join"}, {{"DEW_JOIN_TIMEOUT_SECONDS", "2"}, {"DEW_LOG_LEVEL", "debug"}});
+  // Rank 2 is pointed at a port where nothing listens: it can never reach
+  // rank 0's service, however late the kill lands (it once connected first
+  // on a busy machine, and its loss ended the pool before the stop).
+  LocalPool pool(3, {"join"}, {{"DEW_JOIN_TIMEOUT_SECONDS", "2"}, {"DEW_LOG_LEVEL", "debug"}},
+                 {{2, {{"DEW_COORDINATOR_ADDRESS", "127.0.0.1:1"}}}});
   pool.ranks[2]->signal(SIGKILL);
   ASSERT_TRUE(pool.ranks[1]->wait_for_output("[1] join: connecting to the coordination service", 20s))
       << pool.describe();
@@ -123,8 +131,9 @@ TEST(Join, AProcessZeroStoppedDuringTheJoinsAgreementEndsItsPeersAtTheTimeout) {
 }
 
 TEST(Join, ARankThatNeverJoinsIsNamedByEveryOtherOnce) {
-  LocalPool pool(3, {"join"}, {{"DEW_JOIN_TIMEOUT_SECONDS", "6"}});
-  pool.ranks[2]->signal(SIGKILL);  // never joins
+  // Rank 2 never joins: pointed at a port where nothing listens, and killed.
+  LocalPool pool(3, {"join"}, {{"DEW_JOIN_TIMEOUT_SECONDS", "6"}}, {{2, {{"DEW_COORDINATOR_ADDRESS", "127.0.0.1:1"}}}});
+  pool.ranks[2]->signal(SIGKILL);
   EXPECT_EQ(pool.ranks[0]->wait(20s), dew::kPeerFailedExitCode) << pool.describe();
   EXPECT_EQ(pool.ranks[1]->wait(20s), dew::kPeerFailedExitCode) << pool.describe();
   for (int r : {0, 1}) {
