@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -34,6 +35,10 @@ Result<runtime::Pool> join_pool(const runtime::JoinOptions& options) {
 
 Result<runtime::Pool> join_with_cpu_devices() {
   openblas_set_num_threads(1);
+  // Dew owns this process: a write to a peer or a pipe that has closed is an
+  // error to report (or a failure already on its way), never a death by
+  // SIGPIPE that hides the rank's own exit code. Children get it back.
+  std::signal(SIGPIPE, SIG_IGN);
   // Their devices wait in collectives, not at agreements: a peer's failure
   // ends the process as soon as it is heard (unless the user set a grace).
   runtime::JoinOptions options;

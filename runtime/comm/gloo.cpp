@@ -18,6 +18,7 @@
 
 #include "dew/comm.h"
 #include "dew/text.h"
+#include "sigpipe.h"
 
 namespace dew::comm {
 namespace {
@@ -270,6 +271,7 @@ class GlooCommunicator : public Communicator {
 
   template <typename F>
   Result<Done> guarded(const char* what, F&& body) {
+    const NoSigpipe no_sigpipe;
     try {
       body();
       return Done{};
@@ -296,6 +298,8 @@ Result<std::unique_ptr<Communicator>> make_gloo_communicator(const GlooOptions& 
     return invalid_argument("gloo: timeout " + std::to_string(options.timeout.count()) +
                             " ms is not allowed; allowed: more than 0 ms");
   }
+  // Gloo's device thread inherits this thread's blocked SIGPIPE.
+  const NoSigpipe no_sigpipe;
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = options.hostname;

@@ -6,6 +6,7 @@
 // and close each connection once its client is done; ASan and UBSan watch
 // its thread the whole time.
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -48,13 +49,28 @@ std::uint16_t service_port() {
   return service->port();
 }
 
+// libFuzzer's -timeout alarm is a SIGALRM whose handler has no SA_RESTART,
+// so it can interrupt a blocking connect (EINTR; seen in CI about 3 s, the
+// first alarm, into a run). The connection still completes in the kernel:
+// wait for it and read its outcome, rather than call it refused.
 int connect_to_service() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) std::fprintf(stderr, "socket: %s\n", std::strerror(errno));
+  FUZZ_CHECK(fd >= 0);
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   address.sin_port = htons(service_port());
-  FUZZ_CHECK(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
+  int error = ::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 ? 0 : errno;
+  if (error == EINTR) {
+    pollfd done{fd, POLLOUT, 0};
+    while (::poll(&done, 1, 5000) < 0 && errno == EINTR) {
+    }
+    socklen_t length = sizeof error;
+    if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) != 0) error = errno;
+  }
+  if (error != 0) std::fprintf(stderr, "connect: %s; the service's last line: %s\n", std::strerror(error), last_log().c_str());
+  FUZZ_CHECK(error == 0);
   timeval limit{5, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
   return fd;

@@ -4,8 +4,17 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <csignal>
 #include <functional>
+#include <set>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -13,6 +22,7 @@
 #include "collective_checks.h"
 #include "dew/comm.h"
 #include "expect_error.h"
+#include "sigpipe.h"
 
 namespace {
 
@@ -181,6 +191,138 @@ TEST(CommunicatorErrorsTest, PeerGoneDuringAllReduceIsAnErrorNotAHang) {
     EXPECT_THAT(errors[std::size_t(rank)], HasSubstr("all_reduce on rank " + std::to_string(rank) + " of 3 failed"));
     EXPECT_EQ(errors[std::size_t(rank)].find('\n'), std::string::npos) << "one line";
   }
+}
+
+// A store in a directory, for ranks that are separate processes: put
+// writes a file and renames it into place, get polls for it.
+KeyValue directory_key_value(const std::filesystem::path& dir) {
+  KeyValue kv;
+  kv.put = [dir](const std::string& key, const std::vector<char>& value) {
+    const auto name = dir / std::to_string(std::hash<std::string>{}(key));
+    {
+      std::ofstream out(name.string() + ".tmp", std::ios::binary);
+      out.write(value.data(), std::streamsize(value.size()));
+    }
+    std::filesystem::rename(name.string() + ".tmp", name);
+  };
+  kv.get = [dir](const std::string& key) -> dew::Result<std::vector<char>> {
+    const auto name = dir / std::to_string(std::hash<std::string>{}(key));
+    for (int tries = 0; tries < 5000; ++tries) {
+      std::ifstream in(name, std::ios::binary);
+      if (in) return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return dew::timeout_error("no key " + key);
+  };
+  return kv;
+}
+
+// One rank in a child process with SIGPIPE at its default action, as in a
+// user's program. Rank 1 takes part in `rounds` small all-to-alls and exits
+// normally; rank 0 goes on with more, so it writes to a peer that has closed
+// (Gloo writes with writev, which raises SIGPIPE), and exits 3 at the first
+// error, as a failing rank does.
+pid_t start_rank(int rank, const std::filesystem::path& dir, int rounds) {
+  const pid_t child = fork();
+  if (child != 0) return child;
+  std::signal(SIGPIPE, SIG_DFL);
+  GlooOptions options;
+  options.rank = rank;
+  options.size = 2;
+  options.store = directory_key_value(dir);
+  options.timeout = std::chrono::seconds(5);
+  auto comm = dew::comm::make_gloo_communicator(options);
+  if (!comm.ok()) _exit(11);
+  std::vector<std::byte> send(64), recv(64);
+  for (int round = 0; round < rounds; ++round) {
+    if (!comm.value()->all_to_all_bytes(send, recv).ok()) _exit(3);
+  }
+  _exit(rank == 0 ? 12 : 0);
+}
+
+// The rank that goes on must end with its own exit code, never of SIGPIPE.
+TEST(CommunicatorErrorsTest, ARankWritingToAClosedPeerEndsWithItsOwnCodeNotSigpipe) {
+  for (int run = 0; run < 50; ++run) {
+    char pattern[] = "/tmp/dew-comm-test-XXXXXX";
+    ASSERT_NE(mkdtemp(pattern), nullptr);
+    const std::filesystem::path dir = pattern;
+    const pid_t writer = start_rank(0, dir, 1000000);
+    const pid_t peer = start_rank(1, dir, 200);
+    int status = 0;
+    waitpid(peer, &status, 0);
+    waitpid(writer, &status, 0);
+    std::filesystem::remove_all(dir);
+    ASSERT_FALSE(WIFSIGNALED(status)) << "run " << run << ": rank 0 died of " << strsignal(WTERMSIG(status));
+    ASSERT_EQ(WEXITSTATUS(status), 3) << "run " << run;
+  }
+}
+
+// What Gloo does when a peer has closed, in a child process with SIGPIPE at
+// its default action: a writev to the closed connection inside NoSigpipe
+// fails with EPIPE and the process exits with its own code (3); afterwards
+// the thread's mask is as before and no SIGPIPE is left pending.
+TEST(NoSigpipeTest, AWriteToAClosedPeerFailsWithEpipeAndTheProcessExitsWithItsOwnCode) {
+  for (int run = 0; run < 50; ++run) {
+    const pid_t child = fork();
+    if (child == 0) {
+      std::signal(SIGPIPE, SIG_DFL);
+      int ends[2];
+      if (socketpair(AF_UNIX, SOCK_STREAM, 0, ends) != 0) _exit(10);
+      ::close(ends[1]);
+      char byte = 'x';
+      iovec iov{&byte, 1};
+      int error = 0;
+      {
+        const dew::comm::NoSigpipe no_sigpipe;
+        if (writev(ends[0], &iov, 1) < 0) error = errno;
+        if (writev(ends[0], &iov, 1) < 0) error = errno;
+      }
+      sigset_t mask, pending;
+      pthread_sigmask(SIG_SETMASK, nullptr, &mask);
+      sigpending(&pending);
+      if (error != EPIPE) _exit(11);
+      if (sigismember(&mask, SIGPIPE) || sigismember(&pending, SIGPIPE)) _exit(12);
+      _exit(3);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    ASSERT_FALSE(WIFSIGNALED(status)) << "run " << run << ": died of " << strsignal(WTERMSIG(status));
+    ASSERT_EQ(WEXITSTATUS(status), 3) << "run " << run;
+  }
+}
+
+// Gloo's device thread writes queued sends when the socket drains: it must
+// start with SIGPIPE blocked, and the caller's own mask must be untouched.
+TEST(NoSigpipeTest, GloosOwnThreadsStartWithSigpipeBlocked) {
+  const auto threads = [] {
+    std::set<std::string> names;
+    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+      names.insert(task.path().filename().string());
+    }
+    return names;
+  };
+  const auto before = threads();
+  KeyValue store = dew::comm::local_key_value();
+  GlooOptions options;
+  options.store = store;
+  auto comm = dew::comm::make_gloo_communicator(options);
+  ASSERT_TRUE(comm.ok()) << comm.error().message;
+  int started = 0;
+  for (const auto& tid : threads()) {
+    if (before.count(tid)) continue;
+    std::ifstream status("/proc/self/task/" + tid + "/status");
+    std::string line;
+    while (std::getline(status, line)) {
+      if (line.rfind("SigBlk:", 0) != 0) continue;
+      const unsigned long long blocked = std::stoull(line.substr(7), nullptr, 16);
+      EXPECT_NE(blocked & (1ULL << (SIGPIPE - 1)), 0u) << "thread " << tid << ": " << line;
+      ++started;
+    }
+  }
+  EXPECT_GE(started, 1) << "Gloo's device thread";
+  sigset_t mask;
+  pthread_sigmask(SIG_SETMASK, nullptr, &mask);
+  EXPECT_FALSE(sigismember(&mask, SIGPIPE)) << "the caller's mask is restored";
 }
 
 TEST(CommunicatorErrorsTest, BadRankAndMissingPeer) {

@@ -1,0 +1,34 @@
+#!/bin/sh
+# Replays what made coordination_service_fuzz stop connecting in CI: libFuzzer's
+# -timeout alarm (SIGALRM, handler without SA_RESTART) interrupting the
+# harness's blocking calls. Runs the fuzzer as run_fuzzer.sh does, for
+# DEW_ALARM_SECONDS (default 5), while SIGALRM arrives every few
+# milliseconds; any finding fails the test.
+#
+#   run_with_alarms.sh FUZZER WORK_DIR SEED_DIR [libFuzzer flags...]
+set -eu
+here=$(dirname "$0")
+seconds=${DEW_ALARM_SECONDS:-5}
+DEW_FUZZ_SECONDS=$seconds sh "$here/run_fuzzer.sh" "$@" &
+runner=$!
+# The runner execs timeout, which starts the fuzzer as its child.
+fuzzer=""
+tries=0
+while [ -z "$fuzzer" ] && [ $tries -lt 200 ]; do
+  fuzzer=$(pgrep -P "$runner" 2>/dev/null | head -n 1 || true)
+  tries=$((tries + 1))
+  sleep 0.01
+done
+sent=0
+while kill -0 "$runner" 2>/dev/null; do
+  if [ -n "$fuzzer" ] && kill -ALRM "$fuzzer" 2>/dev/null; then sent=$((sent + 1)); fi
+  sleep 0.003
+done
+status=0
+wait "$runner" || status=$?
+echo "run_with_alarms: $sent alarms sent to pid ${fuzzer:-none}; the fuzzer's exit status: $status"
+if [ -z "$fuzzer" ] || [ "$sent" -lt 100 ]; then
+  echo "run_with_alarms: too few alarms reached the fuzzer to replay the interruption" >&2
+  exit 1
+fi
+exit "$status"
