@@ -7,7 +7,7 @@
 
 #include "attention_check.h"
 #include "dew/text.h"
-#include "dew/comm.h"
+#include "dew/axes.h"
 
 namespace dew::cli {
 namespace {
@@ -160,7 +160,7 @@ Result<CheckSetup> prepare_check(const CheckOptions& o, int processes, int rank)
   s.whole = make_whole(o, s.mask.kind == attention::MaskKind::kDocuments);
   for (int d = 0; d < o.devices_per_process; ++d) {
     const int device = rank * o.devices_per_process + d;
-    const int shard = comm::axis_member(s.layout, mesh::Axis::kTensor, device).value().rank;
+    const int shard = axes::axis_member(s.layout, mesh::Axis::kTensor, device).value().rank;
     if (s.references.count(shard)) continue;
     auto r = reference(o, s.mask, s.whole, shard, s.shards);
     if (!r.ok()) return r.error();
@@ -174,8 +174,8 @@ void measure_device(const CheckOptions& o, const CheckSetup& s, runtime::Pool& p
   const auto record_failure = [&](const std::string& why) {
     for (auto& [e, m] : measured) m->failure = "device " + std::to_string(device) + ": " + why;
   };
-  const int shard = comm::axis_member(s.layout, mesh::Axis::kTensor, device).value().rank;
-  const comm::AxisMember group = comm::axis_member(s.layout, mesh::Axis::kSequence, device).value();
+  const int shard = axes::axis_member(s.layout, mesh::Axis::kTensor, device).value().rank;
+  const axes::AxisMember group = axes::axis_member(s.layout, mesh::Axis::kSequence, device).value();
   const int h = o.heads / s.shards, k = o.kv_heads / s.shards;
   auto positions = attention::shard_positions(s.shard_layout, o.length, s.sequence, group.rank);
   if (!positions.ok()) return record_failure(positions.error().message);
@@ -193,7 +193,7 @@ void measure_device(const CheckOptions& o, const CheckSetup& s, runtime::Pool& p
   const std::vector<double> wanted[] = {want(ref.out, h, o.head_dim), want(ref.lse, h, 1), want(ref.dq, h, o.head_dim),
                                         want(ref.dk, k, o.head_dim), want(ref.dv, k, o.head_dim)};
 
-  auto comm = comm::make_axis_communicator(pool, s.layout, mesh::Axis::kSequence, device);
+  auto comm = axes::make_axis_communicator(pool, s.layout, mesh::Axis::kSequence, device);
   if (!comm.ok()) return record_failure(comm.error().message);
   attention::ShardCall<float> call;
   call.dims = attention::Dims{o.batch, h, k, o.length, o.length, o.head_dim};

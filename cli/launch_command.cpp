@@ -36,7 +36,7 @@
 #include "dew/text.h"
 #include "dew/watchdog.h"
 #include "launch_edge.h"
-#include "launch_supervisor.h"
+#include "dew/supervisor.h"
 
 namespace dew::cli {
 namespace {
@@ -114,7 +114,7 @@ void note_private_overrides() {
 // Starts every process, rank 0 last: the port stays held while the others
 // start, and is let go just before the process that listens on it starts.
 std::optional<Stop> start_all(const launch::LaunchPlan& plan, const std::string& secret, int held,
-                              Supervisor& supervisor) {
+                              launch::Supervisor& supervisor) {
   std::vector<const launch::ProcessSpec*> order;
   for (std::size_t k = 1; k < plan.processes.size(); ++k) order.push_back(&plan.processes[k]);
   order.push_back(&plan.processes.front());
@@ -139,8 +139,8 @@ std::optional<Stop> start_all(const launch::LaunchPlan& plan, const std::string&
       return Stop{"cannot start rank " + std::to_string(p->rank) + " on " + p->host + ": " + child.error().message,
                   child.error().code == ErrorCode::kNotFound ? 127 : 126};
     }
-    if (child.value().in >= 0) write_all(child.value().in, secret + "\n");
-    Running running;
+    if (child.value().in >= 0) launch::write_all(child.value().in, secret + "\n");
+    launch::Running running;
     running.rank = p->rank;
     running.host = p->host;
     running.remote = !p->local;
@@ -182,7 +182,7 @@ int run_launch(LaunchArgs& args) {
   if (args.dry_run) {
     std::string out;
     for (const auto& p : plan.value().processes) out += launch::dry_run_line(p) + "\n";
-    write_all(1, out);
+    launch::write_all(1, out);
     return 0;
   }
   if (!o.cwd.empty() && launch::all_local(o) &&
@@ -192,7 +192,7 @@ int run_launch(LaunchArgs& args) {
                      2});
   }
   if (o.private_dirs) log_info("private directories: " + facts.private_root + "/<rank>/{work,home,cache} on each host");
-  Supervisor supervisor(std::chrono::duration_cast<std::chrono::milliseconds>(kGrace));
+  launch::Supervisor supervisor(std::chrono::duration_cast<std::chrono::milliseconds>(kGrace));
   if (auto stop = start_all(plan.value(), facts.secret, held, supervisor)) {
     log_error(stop->line + "; stopping the other processes");
     supervisor.stop();

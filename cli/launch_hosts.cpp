@@ -20,7 +20,7 @@
 #include "dew/log.h"
 #include "dew/process.h"
 #include "launch_edge.h"
-#include "launch_supervisor.h"
+#include "dew/supervisor.h"
 
 namespace dew::cli {
 namespace {
@@ -93,7 +93,7 @@ Result<launch::HostAnswer> ask_host(const launch::LaunchOptions& options, const 
     const std::string how = r.timed_out ? "no answer in 30 s" : "ended with " + describe_wait_status(r.wait_status);
     const std::string said = last_line(r.err);
     return unavailable("cannot ask " + host + " for " + (port ? "a free port" : "its GPUs") + " over ssh (" + how +
-                       (said.empty() ? "" : ": " + said) + "); " + ssh_hint(host));
+                       (said.empty() ? "" : ": " + said) + "); " + launch::ssh_hint(host));
   }
   return launch::parse_host_reply(r.out, host, port, devices);
 }

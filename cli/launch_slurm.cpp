@@ -13,7 +13,7 @@
 #include "dew/log.h"
 #include "dew/process.h"
 #include "launch_edge.h"
-#include "launch_supervisor.h"
+#include "dew/supervisor.h"
 
 namespace dew::cli {
 namespace {
@@ -81,10 +81,10 @@ int run_slurm(const launch::LaunchOptions& options, const std::vector<launch::En
     if (!all_env.empty()) words.emplace_back("env");
     for (const auto& [name, value] : all_env) words.push_back(name + "=" + value);
     words.insert(words.end(), argv.value().begin(), argv.value().end());
-    write_all(1, "slurm: " + launch::display_words(words) + "\n");
+    launch::write_all(1, "slurm: " + launch::display_words(words) + "\n");
     return 0;
   }
-  Supervisor supervisor(std::chrono::duration_cast<std::chrono::milliseconds>(kSrunGrace));
+  launch::Supervisor supervisor(std::chrono::duration_cast<std::chrono::milliseconds>(kSrunGrace));
   SpawnOptions srun_options;
   srun_options.argv = argv.value();
   srun_options.env = env_changes(all_env);
@@ -94,7 +94,7 @@ int run_slurm(const launch::LaunchOptions& options, const std::vector<launch::En
     log_error(srun.error().message);
     return exit_code_of(127 << 8);
   }
-  Running running;
+  launch::Running running;
   running.rank = -1;
   running.host = "srun";
   running.io = srun.value();

@@ -59,7 +59,7 @@ Result<mesh::DeviceGraph> load_graph(const MeshOptions& options) {
     }
     return mesh::cpu_pool(options.processes, options.devices_per_process);
   }
-  if (options.topology.size() > 1) return hosts::files_device_graph(options.topology);
+  if (options.topology.size() > 1) return axes::files_device_graph(options.topology);
   const std::string file = options.topology.empty() ? "" : options.topology.front();
   auto loaded = file.empty() ? topology::detect_topology() : topology::load_topology_file(file);
   if (!loaded.ok()) return loaded.error();
@@ -68,7 +68,7 @@ Result<mesh::DeviceGraph> load_graph(const MeshOptions& options) {
                  " has no GPUs to lay out; give --topology FILE for another machine, or --processes P "
                  "--devices-per-process D for a CPU pool");
   }
-  return hosts::machine_graph(loaded.value());
+  return axes::machine_graph(loaded.value());
 }
 
 std::string list(const std::vector<int>& values) {
@@ -131,7 +131,7 @@ int run_pool(const mesh::MeshSpec& spec, const std::optional<std::vector<int>>& 
   auto joined = join_pool();
   if (!joined.ok()) return report(joined.error());
   runtime::Pool* pool = &joined.value();
-  auto graph = hosts::pool_device_graph(*pool);
+  auto graph = axes::pool_device_graph(*pool);
   if (!graph.ok()) return report(graph.error());
   auto built = mesh::build_mesh(spec, graph.value(), order);
   if (!built.ok()) return report(built.error());

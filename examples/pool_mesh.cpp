@@ -8,7 +8,7 @@
 // thread) and, for every one of its devices, makes the communicator of the
 // device's data-axis group and all-reduces the device's id over it: the data
 // axis crosses processes, so the sum travels over TCP between them.
-#include <dew/comm.h>
+#include <dew/axes.h>
 #include <dew/mesh.h>
 #include <dew/pool.h>
 
@@ -25,8 +25,8 @@ constexpr int kDevicesPerProcess = 2;
 // One device: its data-axis group's communicator, and the sum of the
 // group's device ids.
 std::string all_reduce_on_data_axis(dew::runtime::Pool& pool, const dew::mesh::Mesh& mesh, int device) {
-  auto member = dew::comm::axis_member(mesh, dew::mesh::Axis::kData, device);
-  auto comm = dew::comm::make_axis_communicator(pool, mesh, dew::mesh::Axis::kData, device);
+  auto member = dew::axes::axis_member(mesh, dew::mesh::Axis::kData, device);
+  auto comm = dew::axes::make_axis_communicator(pool, mesh, dew::mesh::Axis::kData, device);
   if (!member.ok() || !comm.ok()) return "error: " + (member.ok() ? comm.error() : member.error()).message;
   std::vector<double> value{static_cast<double>(device)};
   if (auto done = comm.value()->all_reduce(std::span<double>(value)); !done.ok()) return "error: " + done.error().message;

@@ -53,9 +53,9 @@ py::tuple build_mesh(const py::object& spec, std::optional<int> processes, std::
     if (files.size() == 1) {
       auto host = value_or_raise(topology::load_topology_file(files[0]));
       if (host.gpus.empty()) throw py::value_error("topology='" + files[0] + "' has no GPUs to lay out");
-      graph = hosts::machine_graph(host);
+      graph = axes::machine_graph(host);
     } else {
-      graph = value_or_raise(hosts::files_device_graph(files));
+      graph = value_or_raise(axes::files_device_graph(files));
     }
   } else {
     const int p = processes.value_or(1), d = devices_per_process.value_or(1);

@@ -16,6 +16,7 @@
 #include "bindings.h"
 #include "dew/pool.h"
 #include "dew/text.h"
+#include "dew/topology.h"
 #include "dew/watchdog.h"
 
 namespace py = pybind11;
@@ -199,7 +200,7 @@ void bind_pool(py::module_& m) {
           py::arg("path"), "Raises dew.PoolError naming who sees what when path is not one shared directory.")
       .def(
           "compile_cache_key",
-          [](runtime::Pool& p) { return guarded<std::optional<std::string>>([&p] { return p.compile_cache_key(); }); },
+          [](runtime::Pool& p) { return guarded<std::optional<std::string>>([&p] { return p.compile_cache_key(topology::accelerator_fingerprint()); }); },
           "A hash of every process's accelerator fingerprint, or None (with a line naming who differs).")
       .def(
           "fail", [](runtime::Pool& p, const std::string& message, int code) { p.fail(message, code); },

@@ -5,35 +5,19 @@
 
 #include "dew/exit_status.h"
 #include "dew/hostlist.h"
+#include "dew/slurm_step.h"
 #include "dew/text.h"
 #include "pool_plan.h"
 
 namespace dew::spank {
-namespace {
-
-// The distributions that put task 0 on the first node of the step's nodelist.
-bool first_node_runs_rank0(const std::optional<std::string>& distribution) {
-  if (!distribution || distribution->empty()) return true;  // srun's default: block
-  const auto kind = distribution->substr(0, distribution->find_first_of(":,"));
-  return kind == "block" || kind == "cyclic" || kind == "plane" || kind == "*";
-}
-
-}  // namespace
 
 Result<std::string> coordinator_host(const TaskFacts& facts, const PoolOptions& options) {
   if (options.coordinator) return *options.coordinator;
-  if (!first_node_runs_rank0(facts.distribution)) {
-    return unsupported("the distribution '" + facts.distribution.value_or("") +
-                       "' does not tell which node runs rank 0; use block, cyclic or plane, or name the "
-                       "host with --dew-coordinator=HOST");
+  auto node = rank0_node(facts.step_nodelist, facts.distribution);
+  if (!node.ok() && node.error().code != ErrorCode::kInvalidArgument) {
+    return Error{node.error().code, node.error().message + "; or name the host with --dew-coordinator=HOST"};
   }
-  if (!facts.step_nodelist) {
-    return not_found("SLURM_STEP_NODELIST is not set, so the node of rank 0 is unknown; name it with "
-                     "--dew-coordinator=HOST");
-  }
-  auto hosts = expand_hostlist(*facts.step_nodelist);
-  if (!hosts.ok()) return hosts.error().prefixed("SLURM_STEP_NODELIST: ");
-  return hosts.value().front();
+  return node;
 }
 
 Result<EnvPlan> plan_task_environment(const TaskFacts& facts, const PoolOptions& options,

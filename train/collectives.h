@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "dew/attention.h"
-#include "dew/comm.h"
+#include "dew/axes.h"
 #include "dew/exchange.h"
 #include "layout.h"
 #include "model.h"
@@ -128,7 +128,7 @@ inline Result<Communicators> make_communicators(runtime::Pool& pool, const mesh:
                                    std::tuple{mesh::Axis::kTensor, &p.tensor, &c.tensor},
                                    std::tuple{mesh::Axis::kSequence, &p.sequence, &c.sequence}}) {
     if (place->size == 1) continue;
-    auto made = comm::make_axis_communicator(pool, m, axis, p.device);
+    auto made = axes::make_axis_communicator(pool, m, axis, p.device);
     if (!made.ok()) return made.error().prefixed(std::string(mesh::kMeshAxes[static_cast<int>(axis)]) + " axis: ");
     *slot = std::move(made.value());
   }

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "dew/attention.h"
-#include "dew/comm.h"
+#include "dew/axes.h"
 #include "dew/exchange.h"
 #include "dew/text.h"
 
@@ -113,7 +113,7 @@ Result<DevicePlace> place_of(const mesh::Mesh& m, const WorkerOptions& o, int de
   DevicePlace p;
   p.device = device;
   const auto member = [&](mesh::Axis axis, AxisPlace& place) -> Result<Done> {
-    auto got = comm::axis_member(m, axis, device);
+    auto got = axes::axis_member(m, axis, device);
     if (!got.ok()) return got.error();
     place = AxisPlace{got.value().rank, got.value().size};
     return Done{};

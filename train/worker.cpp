@@ -14,6 +14,7 @@
 #include "device.h"
 #include "dew/log.h"
 #include "dew/text.h"
+#include "dew/topology.h"
 #include "dew/train.h"
 
 namespace dew::train {
@@ -66,7 +67,7 @@ Result<std::optional<Resumed>> prepare_checkpoints(runtime::Pool& pool, const Wo
 // line from process 0 says who found it.
 CachedDataset load_dataset(runtime::Pool& pool, const WorkerOptions& o, std::vector<bool>& found) {
   if (o.cache_dir.empty()) return cached_dataset(o, std::nullopt, "");
-  const auto key = pool.compile_cache_key();
+  const auto key = pool.compile_cache_key(topology::accelerator_fingerprint());
   CachedDataset cached = cached_dataset(o, key, o.cache_dir);
   const auto flags = pool.all_gather(cached.found ? "1" : "0");
   store_dataset(cached);

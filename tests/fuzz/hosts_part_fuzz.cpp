@@ -28,12 +28,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::size_t cut = std::min<std::size_t>(data[0] * 8, text.size());
   std::vector<dew::mesh::HostPart> parts;
   for (const std::string& piece : {text.substr(0, cut), text.substr(cut)}) {
-    auto part = dew::hosts::decode_part(piece);
+    auto part = dew::axes::decode_part(piece);
     if (!part.ok()) {
       check_message(part.error());
       continue;
     }
-    auto again = dew::hosts::decode_part(dew::hosts::encode_part(part.value()));
+    auto again = dew::axes::decode_part(dew::axes::encode_part(part.value()));
     FUZZ_CHECK(again.ok());
     FUZZ_CHECK(again.value().gpus == part.value().gpus && again.value().host == part.value().host);
     parts.push_back(part.value());

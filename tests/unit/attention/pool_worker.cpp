@@ -19,7 +19,7 @@
 #include <string>
 #include <thread>
 
-#include "dew/comm.h"
+#include "dew/axes.h"
 #include "exchange_harness.h"
 #include "dew/mesh.h"
 #include "dew/pool.h"
@@ -28,6 +28,7 @@ namespace {
 
 using namespace dew::attention;
 using namespace dew::comm;
+using namespace dew::axes;
 using namespace dew::attention::testing;
 
 struct Named {

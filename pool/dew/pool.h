@@ -1,0 +1,217 @@
+// libdew's process pool: who this process is, meeting its peers, and ending
+// the whole pool within seconds when one process fails.
+//
+//   auto pool = dew::runtime::join();          // reads PMIx, Open MPI, Slurm or dew variables
+//   pool.agree("loaded");                      // a barrier with a patience
+//   auto all = pool.all_gather(my_bytes);      // one entry per process, in rank order
+//
+// A process that fails after joining (pool.fail(), an uncaught exception, a
+// fatal signal) prints its error once, publishes it and exits at once; its
+// peers end with kPeerFailedExitCode (dew/exit_status.h) and a line naming
+// it. Errors a caller may handle (a get that timed out, an agreement whose
+// patience ran out, a directory that is not shared) are thrown as PoolError,
+// which carries an ErrorCode (kTimeout, kInvalidArgument, ...); left uncaught
+// they fail the process, and so the pool.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dew/exit_status.h"
+#include "dew/result.h"
+#include "dew/slurm_step.h"
+
+namespace dew::runtime {
+
+// Where the identity came from, in the order join() tries them.
+enum class PoolSource { kExplicit, kPmix, kOpenMpi, kSlurm, kDew, kAlone };
+std::string_view source_name(PoolSource source);
+
+struct Address {
+  std::string host;
+  std::uint16_t port = 0;
+  std::string text() const;  // "host:port", "[v6]:port"
+};
+
+// "host:port" or "[v6 address]:port"; `name` names the value in the error.
+Result<Address> parse_address(std::string_view text, std::string_view name);
+
+struct Identity {
+  PoolSource source = PoolSource::kAlone;
+  std::string why;             // one line: what made this the source
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  int node = 0;
+  std::string hostname;        // PMIx's PMIX_HOSTNAME, else gethostname(); filled by join()
+  std::optional<Address> coordinator;
+  std::string coordinator_from;  // the variable (or rule) it came from
+  bool pmix = false;           // a PMIx server is there: PMIx fences and abort are used
+};
+
+struct JoinOptions {
+  // Explicit identity: both or neither.
+  std::optional<int> rank;
+  std::optional<int> size;
+  std::optional<std::string> coordinator;  // "host:port"
+  std::optional<std::string> secret;       // default: DEW_POOL_SECRET
+  // One Slurm task (SLURM_NTASKS=1) forms no pool unless this is set.
+  bool multi_host = false;
+  // Default: DEW_AGREEMENT_PATIENCE_SECONDS, else one day.
+  std::optional<std::chrono::milliseconds> agreement_patience;
+  // A process not heard from for this long has failed. Default:
+  // DEW_HEARTBEAT_TIMEOUT_SECONDS, else 10 s.
+  std::optional<std::chrono::milliseconds> heartbeat_timeout;
+  // A published failure not heard at an agreement within this ends the
+  // process anyway. Default: DEW_FAILURE_GRACE_SECONDS, else 60 s.
+  std::optional<std::chrono::milliseconds> failure_grace;
+  // The grace when neither failure_grace nor DEW_FAILURE_GRACE_SECONDS sets
+  // one: a program with no agreement loop to unwind a peer's failure through
+  // (a Python script, dew worker's devices) sets a millisecond, to end as
+  // soon as the failure is heard.
+  std::optional<std::chrono::milliseconds> failure_grace_fallback;
+  // How long to wait for the coordinator and every peer to show up.
+  // Default: DEW_JOIN_TIMEOUT_SECONDS, else 300 s.
+  std::optional<std::chrono::milliseconds> join_timeout;
+  // Install the SIGSEGV/SIGABRT/SIGBUS/SIGFPE handlers and std::terminate
+  // handler that publish a failure.
+  bool failure_handlers = true;
+};
+
+using Environment = dew::Environment;  // dew/slurm_step.h
+Environment current_environment();
+
+// Pure: which source applies and what it says. PMIx identities carry only
+// the source here (rank and size come from PMIx_Init at join time).
+Result<Identity> resolve_identity(const Environment& env, const JoinOptions& options);
+
+struct Settings {
+  std::chrono::milliseconds agreement_patience{std::chrono::hours(24)};
+  std::chrono::milliseconds heartbeat_timeout{std::chrono::seconds(10)};
+  std::chrono::milliseconds failure_grace{std::chrono::seconds(60)};
+  std::chrono::milliseconds join_timeout{std::chrono::seconds(300)};
+};
+// Pure: options first, then the DEW_*_SECONDS variables, then the defaults.
+Result<Settings> resolve_settings(const Environment& env, const JoinOptions& options);
+
+// What the pool's calls throw: the Error's line as what(), and its code.
+class PoolError : public std::runtime_error {
+ public:
+  explicit PoolError(const Error& error, std::vector<int> late_ranks = {})
+      : std::runtime_error(error.message), code_(error.code), late_ranks_(std::move(late_ranks)) {}
+  ErrorCode code() const { return code_; }
+  // For an agreement or gather that ran out of patience: the processes that
+  // never arrived. Left uncaught, the pool fails because of them: every
+  // process ends as their peer (kPeerFailedExitCode), naming the first.
+  const std::vector<int>& late_ranks() const { return late_ranks_; }
+
+ private:
+  ErrorCode code_;
+  std::vector<int> late_ranks_;
+};
+
+// Why `secret` cannot be a pool's DEW_POOL_SECRET (one line naming its
+// length and what is allowed: 64 hex digits, as srun --dew-pool and dew
+// launch draw them), or "" when it can.
+std::string pool_secret_problem(std::string_view secret);
+
+// What join() would resolve here, without joining: the identity with PMIx's
+// answers filled in (PMIx_Init, when a PMIx server is there) and this host's
+// name. For `dew env`.
+Result<Identity> describe_identity(const Environment& env, const JoinOptions& options);
+
+class Pool {
+ public:
+  Pool(Pool&&) noexcept;
+  Pool& operator=(Pool&&) noexcept;
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+  // Leaves the pool (see leave()).
+  ~Pool();
+
+  const Identity& identity() const;
+  int rank() const;
+  int size() const;
+  // "tcp", "pmix+tcp" or "none" (one process alone).
+  std::string backend() const;
+
+  // Key-value: put is visible to every later get; get waits up to timeout.
+  void put(const std::string& key, const std::string& value);
+  std::string get(const std::string& key, std::chrono::milliseconds timeout);
+  // Everybody's bytes in rank order.
+  std::vector<std::string> all_gather(const std::string& bytes);
+  // A named agreement: returns when every process has called agree(name) as
+  // many times as this one. Throws PoolError naming the missing processes
+  // when the patience runs out.
+  void agree(const std::string& name);
+  void agree(const std::string& name, std::chrono::milliseconds patience);
+
+  // Prints the error once, publishes it to every peer and exits with
+  // exit_code at once.
+  [[noreturn]] void fail(const std::string& error, int exit_code = 1);
+
+  // Every process writes a token into `path` and reads everybody's: throws
+  // PoolError naming who sees what when the directory is not one shared
+  // directory.
+  void require_shared_directory(const std::string& path);
+  // Hash of every process's accelerator fingerprint (this process's is
+  // `fingerprint`, for example topology::accelerator_fingerprint()), or
+  // nullopt (and a log line naming the processes that differ) when they are
+  // not all equal.
+  std::optional<std::string> compile_cache_key(const std::string& fingerprint);
+
+  // Normal exit: tells the pool this process is done. Process 0 hosts the
+  // coordination service and waits here until every other process has left.
+  void leave();
+
+  struct State;  // opaque; also reached by the process's failure handlers
+
+ private:
+  explicit Pool(std::unique_ptr<State> state);
+  friend Pool join(JoinOptions options);
+  std::unique_ptr<State> state_;
+};
+
+// Joins the pool this process belongs to (see PoolSource), logging one line
+// such as "[1] Joined the pool: process 1 of 4 (slurm, tcp)". From then on
+// every line of the process's logger (dew/log.h) starts with "[rank] "
+// unless DEW_LINES_PREFIXED=1. Throws PoolError on contradictory variables
+// (kInvalidArgument) or when peers never come (kTimeout, kUnavailable).
+Pool join(JoinOptions options = {});
+
+// Ends the process when one step runs longer than its bound. The bound is
+// DEW_WATCHDOG (the SPANK plugin's value: "30m", "90s", "2h", "off") or 30
+// minutes. A step is the life of the object step() returns.
+class StepWatchdog {
+ public:
+  explicit StepWatchdog(std::optional<std::chrono::milliseconds> bound = std::nullopt);
+  ~StepWatchdog();
+  StepWatchdog(const StepWatchdog&) = delete;
+  StepWatchdog& operator=(const StepWatchdog&) = delete;
+
+  class Step {
+   public:
+    ~Step();
+    Step(Step&&) = delete;
+   private:
+    friend class StepWatchdog;
+    explicit Step(StepWatchdog& owner) : owner_(owner) {}
+    StepWatchdog& owner_;
+  };
+  [[nodiscard]] Step step();
+  std::optional<std::chrono::milliseconds> bound() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace dew::runtime

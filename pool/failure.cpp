@@ -1,0 +1,216 @@
+// The process-wide failure path of a pool: a process that fails prints its
+// error once, publishes it and exits at once; one that hears of a peer's
+// failure ends with kPeerFailedExitCode; the watch thread ends a process that
+// has not heard of it at an agreement within the grace; fatal signals and
+// uncaught exceptions become published failures.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+
+#include "dew/log.h"
+#include "dew/text.h"
+#include "failure.h"
+#include "pool_state.h"
+
+namespace dew::runtime {
+namespace {
+
+// The process's pool, for the signal and terminate handlers.
+std::atomic<Pool::State*> g_pool{nullptr};
+std::terminate_handler g_previous_terminate = nullptr;
+bool g_terminate_installed = false;
+bool g_handlers_installed = false;
+// The message of the PoolError a failed join() threw (see guard_join_failure).
+std::string g_join_failure;
+std::unique_ptr<PmixSession> g_join_pmix;  // a failed join's PMIx session
+
+[[noreturn]] void wait_for_the_end() {
+  // Another thread is already ending the process.
+  for (;;) pause();
+}
+
+void on_fatal_signal(int signal_number) {
+  Pool::State* state = g_pool.load();
+  if (state && !state->failing.exchange(true)) {
+    std::size_t slot = 0;
+    while (slot < std::size(kFatalSignals) && kFatalSignals[slot] != signal_number) ++slot;
+    // The logger may hold a lock the interrupted code held: a raw write.
+    const std::string& line = state->signal_lines[slot];
+    [[maybe_unused]] ssize_t ignored = ::write(STDERR_FILENO, line.data(), line.size());
+    if (state->client) {
+      state->client->publish_prepared_from_signal(static_cast<int>(slot));
+      // Give the frame time to leave (and process 0's service thread time
+      // to push it) before the process dies.
+      const timespec pause{0, state->service ? 300'000'000 : 100'000'000};
+      nanosleep(&pause, nullptr);
+    }
+  }
+  // Re-raise with the default action: the exit status still says "signal".
+  std::signal(signal_number, SIG_DFL);
+  std::raise(signal_number);
+}
+
+void on_terminate() {
+  std::string message = "uncaught exception";
+  bool join_failed = false;
+  std::vector<int> late;
+  if (auto current = std::current_exception()) {
+    try {
+      std::rethrow_exception(current);
+    } catch (const PoolError& error) {
+      message += ": " + std::string(error.what());
+      join_failed = !g_join_failure.empty() && g_join_failure == error.what();
+      late = error.late_ranks();
+    } catch (const std::exception& error) {
+      message += ": " + std::string(error.what());
+    } catch (...) {
+      message += " (not a std::exception)";
+    }
+  }
+  if (Pool::State* state = g_pool.load()) {
+    if (!late.empty()) state->fail_for_late(late, message);
+    state->fail(message, 1);
+  }
+  if (join_failed) {
+    log_error("error: cannot join the pool: " + g_join_failure);
+    if (g_join_pmix) g_join_pmix->abort(kJoinFailedExitCode, "cannot join the pool: " + g_join_failure);
+    std::fflush(nullptr);
+    ::_exit(kJoinFailedExitCode);
+  }
+  if (g_previous_terminate) g_previous_terminate();
+  std::abort();
+}
+
+void install_terminate_handler() {
+  if (g_terminate_installed) return;
+  g_previous_terminate = std::set_terminate(on_terminate);
+  g_terminate_installed = true;
+}
+
+}  // namespace
+
+void Pool::State::stop_watch() {
+  {
+    std::lock_guard lock(mutex);
+    stopping = true;
+    changed.notify_all();
+  }
+  if (watch.joinable() && watch.get_id() != std::this_thread::get_id()) watch.join();
+}
+
+void Pool::State::start_watch() {
+  watch = std::thread([this] {
+    std::unique_lock lock(mutex);
+    changed.wait(lock, [&] { return stopping || failure_heard.has_value(); });
+    if (stopping) return;
+    if (changed.wait_until(lock, *failure_heard + settings.failure_grace, [&] { return stopping; })) return;
+    lock.unlock();
+    auto failed = client->failure().value_or(PeerFailure{0, "unknown failure"});
+    // A grace below a second is a program that ends at once (Python, dew
+    // worker): nothing to say about agreements.
+    if (settings.failure_grace >= std::chrono::seconds(1)) {
+      failed.message += " (not heard at an agreement within " +
+                        seconds_text(std::chrono::duration<double>(settings.failure_grace).count()) +
+                        ", DEW_FAILURE_GRACE_SECONDS)";
+    }
+    end_for_peer(failed);
+  });
+}
+
+void Pool::State::end_for_peer(const PeerFailure& failed) {
+  if (failing.load() || ending.exchange(true)) wait_for_the_end();
+  log_error("ending: process " + std::to_string(failed.rank) + " failed: " + failed.message);
+  // Process 0's service dies with it: let the failure reach everyone first.
+  if (service) service->flush_failure(std::chrono::seconds(1));
+  std::fflush(nullptr);
+  ::_exit(kPeerFailedExitCode);
+}
+
+void Pool::State::fail(const std::string& error, int exit_code) {
+  if (failing.exchange(true) || ending.load()) wait_for_the_end();
+  log_error("error: " + error);
+  if (client) {
+    client->publish_failure(error, std::chrono::seconds(1));
+    // Process 0 hosts the service: its own failure must reach every peer
+    // before the service dies with it.
+    if (service) service->flush_failure(std::chrono::seconds(1));
+  }
+  if (pmix) pmix->abort(exit_code, prefix() + error);
+  std::fflush(nullptr);
+  ::_exit(exit_code);
+}
+
+// Every waiting process learns at about the same moment that the same
+// processes are late. Process 0 says so for the pool (when it is not late
+// itself); the others wait a moment for its word and end as peers, so the
+// news is published once and names the late process, not a waiting one.
+void Pool::State::fail_for_late(const std::vector<int>& late, const std::string& error) {
+  if (!client) fail(error, 1);
+  const bool zero_says_it = identity.rank != 0 && std::find(late.begin(), late.end(), 0) == late.end();
+  if (zero_says_it) {
+    std::unique_lock lock(mutex);
+    changed.wait_for(lock, std::chrono::seconds(1), [&] { return failure_heard.has_value(); });
+  }
+  if (auto heard = client->failure()) end_for_peer(*heard);
+  const PeerFailure blamed{late.front(), error};
+  client->publish_blame(blamed.rank, blamed.message);
+  end_for_peer(blamed);
+}
+
+void attach_failure_path(Pool::State& state, bool handlers) {
+  g_pool.store(&state);
+  if (!handlers) return;
+  for (std::size_t slot = 0; slot < std::size(kFatalSignals); ++slot) {
+    const int number = kFatalSignals[slot];
+    const std::string message = std::string("fatal signal ") + sigabbrev_np(number) + " (" + strsignal(number) + ")";
+    state.signal_lines[slot] = state.prefix() + "error: " + message + "\n";
+    if (state.client) state.client->prepare_signal_frame(static_cast<int>(slot), message);
+    struct sigaction action {};
+    action.sa_handler = on_fatal_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESETHAND;
+    sigaction(number, &action, nullptr);
+  }
+  install_terminate_handler();
+  g_handlers_installed = true;
+}
+
+void guard_join_failure() { install_terminate_handler(); }
+
+void note_join_failure(const std::string& message) { g_join_failure = message; }
+
+void keep_pmix_for_join_failure(std::unique_ptr<PmixSession> pmix) { g_join_pmix = std::move(pmix); }
+
+void detach_failure_path(Pool::State& state) {
+  Pool::State* expected = &state;
+  if (!g_pool.compare_exchange_strong(expected, nullptr) || !g_handlers_installed) return;
+  for (int number : kFatalSignals) std::signal(number, SIG_DFL);
+  std::set_terminate(g_previous_terminate);
+  g_terminate_installed = false;
+  g_handlers_installed = false;
+}
+
+namespace detail {
+
+void fail_process(const std::string& message, int exit_code) {
+  if (Pool::State* state = g_pool.load()) state->fail(message, exit_code);
+  // Not joined: the line still carries the rank a launcher gave, as a pool's do.
+  // The rank of the launcher the pool would have joined by (identity's
+  // precedence: mpirun inside an allocation is Open MPI's rank, not Slurm's).
+  const Environment env = current_environment();
+  if (!(env.count("DEW_LINES_PREFIXED") && env.at("DEW_LINES_PREFIXED") == "1")) {
+    if (const char* name = rank_variable(rank_source(env))) {
+      if (auto rank = env.find(name); rank != env.end() && parse_whole<unsigned>(rank->second)) {
+        set_log_prefix("[" + rank->second + "] ");
+      }
+    }
+  }
+  log_error("error: " + message);
+  std::fflush(nullptr);
+  ::_exit(exit_code);
+}
+
+}  // namespace detail
+}  // namespace dew::runtime

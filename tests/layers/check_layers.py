@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""The layers hold: every source file includes only its own folder's headers
+and those of folders in lower layers (README.md, "Layout"), and a program
+that links only the pool (its library, not libdew) links no hwloc, pugixml
+or Gloo itself (its NEEDED entries; ldd still lists hwloc because PMIx's
+own libpmix.so.2 needs it).
+
+    check_layers.py SOURCE_ROOT [POOL_ONLY_PROGRAM]
+
+Prints one line per include that runs up or sideways, naming the file, the
+header and both layers; exits 1 if there is any.
+"""
+import pathlib
+import re
+import subprocess
+import sys
+
+# The layer of each folder of the tree (tests sit above them all).
+LAYERS = {
+    "common": 1,
+    "topology": 2, "pool": 2, "mesh": 2, "comm": 2, "launch": 2, "spank": 2,
+    "axes": 3, "attention": 3,
+    "train": 4,
+    "cli": 5, "python": 5, "bench": 5, "examples": 5,
+}
+INCLUDE = re.compile(r'^\s*#\s*include\s*[<"](dew/[\w./]+)[>"]', re.MULTILINE)
+
+
+def header_owners(root):
+    owners = {}
+    for folder in LAYERS:
+        for header in (root / folder / "dew").glob("*.h"):
+            owners[f"dew/{header.name}"] = folder
+    return owners
+
+
+def check_includes(root):
+    owners = header_owners(root)
+    problems = []
+    for folder, layer in LAYERS.items():
+        for path in sorted((root / folder).rglob("*")):
+            if path.suffix not in (".cpp", ".h"):
+                continue
+            for header in INCLUDE.findall(path.read_text(errors="replace")):
+                owner = owners.get(header)
+                if owner is None:
+                    problems.append(f"{path.relative_to(root)}: includes {header}, which no folder has")
+                elif owner != folder and LAYERS[owner] >= layer:
+                    problems.append(f"{path.relative_to(root)} (layer {layer}, {folder}/) includes {header} "
+                                    f"of {owner}/ (layer {LAYERS[owner]}): includes only run down")
+    return problems
+
+
+def check_pool_only(program):
+    dynamic = subprocess.run(["readelf", "-d", program], capture_output=True, text=True, check=True).stdout
+    needed = re.findall(r"\(NEEDED\).*\[(.+)\]", dynamic)
+    if not any(name.startswith("libpmix") for name in needed):
+        return [f"{program}: no libpmix among its NEEDED libraries ({', '.join(needed)}): not a pool program"]
+    return [f"{program} links only the pool but needs {name}" for name in needed
+            if name.startswith(("libhwloc", "libpugixml", "libgloo"))]
+
+
+def main():
+    root = pathlib.Path(sys.argv[1])
+    problems = check_includes(root)
+    if len(sys.argv) > 2:
+        problems += check_pool_only(sys.argv[2])
+    for line in problems:
+        print(line)
+    folders = sum(1 for f in LAYERS if (root / f).is_dir())
+    print(f"layers: {folders} folders checked, {len(problems)} problems")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
