@@ -110,7 +110,7 @@ int run(const CheckOptions& o) {
     std::map<Exchange, Measured*> mine;
     for (auto& [e, devices] : measured) mine[e] = &devices[static_cast<std::size_t>(i)];
     threads.emplace_back(measure_device, std::cref(o), std::cref(s), std::ref(pool),
-                         pool.rank() * o.devices_per_process + i, mine);
+                         mesh::cpu_device_id(pool.rank(), o.devices_per_process, i), mine);
   }
   for (auto& t : threads) t.join();
 

@@ -159,7 +159,7 @@ Result<CheckSetup> prepare_check(const CheckOptions& o, int processes, int rank)
                                                                : attention::Layout::kContiguous;
   s.whole = make_whole(o, s.mask.kind == attention::MaskKind::kDocuments);
   for (int d = 0; d < o.devices_per_process; ++d) {
-    const int device = rank * o.devices_per_process + d;
+    const int device = mesh::cpu_device_id(rank, o.devices_per_process, d);
     const int shard = axes::axis_member(s.layout, mesh::Axis::kTensor, device).value().rank;
     if (s.references.count(shard)) continue;
     auto r = reference(o, s.mask, s.whole, shard, s.shards);

@@ -29,6 +29,7 @@
 #include "commands.h"
 #include "dew/coordinator_port.h"
 #include "dew/exit_status.h"
+#include "dew/failure_timings.h"
 #include "dew/hex.h"
 #include "dew/launch_plan.h"
 #include "dew/log.h"
@@ -47,7 +48,7 @@ using OrStop = std::variant<T, Stop>;
 using namespace std::chrono_literals;
 // SIGTERM, then SIGKILL this long after: short, so that a failed pool is
 // gone at once (a stopped process gets this long to flush and exit).
-constexpr auto kGrace = 1s;
+constexpr auto kGrace = timings::kLaunchStopGrace;
 
 
 // The words after the first "--" that follows the `launch` word of this

@@ -8,6 +8,7 @@
 
 #include "dew/coordinator_port.h"
 #include "dew/exit_status.h"
+#include "dew/failure_timings.h"
 #include "dew/hex.h"
 #include "dew/hostlist.h"
 #include "dew/log.h"
@@ -21,7 +22,7 @@ namespace {
 using namespace std::chrono_literals;
 // srun gets longer than local processes: it relays the signal to every node
 // and cancels the step.
-constexpr auto kSrunGrace = 10s;
+constexpr auto kSrunGrace = timings::kSrunStopGrace;
 
 // What srun's environment gets besides --env (launch::slurm_environment):
 // a fresh secret (a placeholder in a dry run), the allocation's first node

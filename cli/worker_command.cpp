@@ -33,8 +33,8 @@ Result<Done> resolve(WorkerArgs& a) {
   if (a.dtype != "fp32" && a.dtype != "fp64") return not_allowed("--dtype", a.dtype, "fp32 or fp64");
   a.options.dtype = a.dtype == "fp64" ? train::Dtype::kFloat64 : train::Dtype::kFloat32;
   const char* inherited = std::getenv("DEW_WATCHDOG");
-  const std::string bound = !a.watchdog.empty() ? a.watchdog : inherited ? inherited : "30m";
-  auto watchdog = parse_watchdog(bound, a.watchdog.empty() && inherited ? "DEW_WATCHDOG" : "--watchdog");
+  auto watchdog = chosen_watchdog(a.watchdog, "--watchdog",
+                                  inherited ? std::optional<std::string>(inherited) : std::nullopt);
   if (!watchdog.ok()) return watchdog.error();
   a.options.step_bound.reset();
   if (watchdog.value()) a.options.step_bound = *watchdog.value();

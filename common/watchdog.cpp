@@ -66,4 +66,11 @@ std::optional<std::string> merge_xla_flags(const std::optional<std::string>& xla
   return *xla_flags + " " + flag;
 }
 
+Result<Watchdog> chosen_watchdog(std::string_view flag, std::string_view flag_name,
+                                 const std::optional<std::string>& inherited) {
+  if (!flag.empty()) return parse_watchdog(flag, flag_name);
+  if (inherited) return parse_watchdog(*inherited, "DEW_WATCHDOG");
+  return Watchdog(kDefaultWatchdog);
+}
+
 }  // namespace dew

@@ -49,7 +49,7 @@ int main() {
   std::vector<std::thread> devices;
   for (int d = 0; d < kDevicesPerProcess; ++d) {
     devices.emplace_back([&, d] {
-      lines[d] = all_reduce_on_data_axis(pool, mesh.value(), pool.rank() * kDevicesPerProcess + d);
+      lines[d] = all_reduce_on_data_axis(pool, mesh.value(), dew::mesh::cpu_device_id(pool.rank(), kDevicesPerProcess, d));
     });
   }
   for (auto& device : devices) device.join();

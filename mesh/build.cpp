@@ -237,7 +237,11 @@ std::vector<double> bandwidth_matrix(int n, const std::function<double(int, int)
 DeviceGraph cpu_pool(int processes, int devices_per_process) {
   DeviceGraph graph;
   const int n = std::max(0, processes) * std::max(0, devices_per_process);
-  for (int d = 0; d < n; ++d) graph.devices.push_back({d, d / devices_per_process, "cpu"});
+  for (int p = 0; p < std::max(0, processes); ++p) {
+    for (int local = 0; local < devices_per_process; ++local) {
+      graph.devices.push_back({cpu_device_id(p, devices_per_process, local), p, "cpu"});
+    }
+  }
   // Equal links: host memory joins every pair, so no order is better.
   graph.bandwidth = bandwidth_matrix(n, [](int, int) { return 1.0; });
   return graph;

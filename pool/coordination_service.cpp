@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "auth.h"
+#include "dew/failure_timings.h"
 #include "service_impl.h"
 
 namespace dew::runtime {
@@ -14,8 +15,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using asio::ip::tcp;
 
-// How long a connection may take to prove it knows the secret.
-constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
 
 // Accept errors that go away once connections close: wait rather than spin.
 // (Asio's system errors are in its own category: compare the errno values.)
@@ -343,7 +342,7 @@ void CoordinationService::Impl::beat() {
     }
     for (auto it = pending.begin(); it != pending.end();) {
       auto session = *it++;
-      if (now - session->opened > kHandshakeTimeout) {
+      if (now - session->opened > timings::kHandshakeTimeout) {
         note_stranger("closed a connection from " + session->peer + ": no hello within 10 s");
         close(session, "");
       }

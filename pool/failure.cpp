@@ -10,6 +10,7 @@
 #include <exception>
 
 #include "dew/log.h"
+#include "dew/failure_timings.h"
 #include "dew/text.h"
 #include "failure.h"
 #include "pool_state.h"
@@ -43,7 +44,8 @@ void on_fatal_signal(int signal_number) {
       state->client->publish_prepared_from_signal(static_cast<int>(slot));
       // Give the frame time to leave (and process 0's service thread time
       // to push it) before the process dies.
-      const timespec pause{0, state->service ? 300'000'000 : 100'000'000};
+      const auto wait = state->service ? timings::kSignalFramePushed : timings::kSignalFrameLeaves;
+      const timespec pause{0, static_cast<long>(std::chrono::nanoseconds(wait).count())};
       nanosleep(&pause, nullptr);
     }
   }
@@ -123,7 +125,7 @@ void Pool::State::end_for_peer(const PeerFailure& failed) {
   if (failing.load() || ending.exchange(true)) wait_for_the_end();
   log_error("ending: process " + std::to_string(failed.rank) + " failed: " + failed.message);
   // Process 0's service dies with it: let the failure reach everyone first.
-  if (service) service->flush_failure(std::chrono::seconds(1));
+  if (service) service->flush_failure(timings::kFailureFlush);
   std::fflush(nullptr);
   ::_exit(kPeerFailedExitCode);
 }
@@ -132,10 +134,10 @@ void Pool::State::fail(const std::string& error, int exit_code) {
   if (failing.exchange(true) || ending.load()) wait_for_the_end();
   log_error("error: " + error);
   if (client) {
-    client->publish_failure(error, std::chrono::seconds(1));
+    client->publish_failure(error, timings::kFailureFlush);
     // Process 0 hosts the service: its own failure must reach every peer
     // before the service dies with it.
-    if (service) service->flush_failure(std::chrono::seconds(1));
+    if (service) service->flush_failure(timings::kFailureFlush);
   }
   if (pmix) pmix->abort(exit_code, prefix() + error);
   std::fflush(nullptr);
@@ -151,7 +153,7 @@ void Pool::State::fail_for_late(const std::vector<int>& late, const std::string&
   const bool zero_says_it = identity.rank != 0 && std::find(late.begin(), late.end(), 0) == late.end();
   if (zero_says_it) {
     std::unique_lock lock(mutex);
-    changed.wait_for(lock, std::chrono::seconds(1), [&] { return failure_heard.has_value(); });
+    changed.wait_for(lock, timings::kLateWordWait, [&] { return failure_heard.has_value(); });
   }
   if (auto heard = client->failure()) end_for_peer(*heard);
   const PeerFailure blamed{late.front(), error};

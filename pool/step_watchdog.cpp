@@ -36,12 +36,11 @@ struct StepWatchdog::State {
 StepWatchdog::StepWatchdog(std::optional<std::chrono::milliseconds> bound) : state_(std::make_unique<State>()) {
   if (bound) {
     state_->bound = bound;
-  } else if (const char* text = std::getenv("DEW_WATCHDOG")) {
-    auto parsed = parse_watchdog(text, "DEW_WATCHDOG");
+  } else {
+    const char* text = std::getenv("DEW_WATCHDOG");
+    auto parsed = chosen_watchdog("", "", text ? std::optional<std::string>(text) : std::nullopt);
     if (!parsed.ok()) throw PoolError(parsed.error());
     if (parsed.value()) state_->bound = std::chrono::duration_cast<std::chrono::milliseconds>(*parsed.value());
-  } else {
-    state_->bound = std::chrono::minutes(30);
   }
   if (!state_->bound) return;  // "off"
   State* s = state_.get();

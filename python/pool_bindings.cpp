@@ -61,7 +61,7 @@ std::chrono::milliseconds millis_of(double seconds, const char* what) {
 // it: DEW_WATCHDOG's bound, unless the flags set one already or it is off.
 void add_xla_watchdog() {
   const char* bound = std::getenv("DEW_WATCHDOG");
-  auto watchdog = parse_watchdog(bound ? bound : "30m", bound ? "DEW_WATCHDOG" : "the default watchdog");
+  auto watchdog = chosen_watchdog("", "", bound ? std::optional<std::string>(bound) : std::nullopt);
   if (!watchdog.ok()) throw py::value_error(watchdog.error().message);
   // Through os.environ: Python's copy of the environment is what JAX reads
   // (and setting it there sets the process's too).

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "dew/coordinator_port.h"
+#include "dew/failure_timings.h"
 #include "dew/gpu_binding.h"
 #include "dew/result.h"
 #include "dew/watchdog.h"
@@ -112,10 +113,10 @@ enum class TaskEnd {
 // later to any that caught it. A task killed by SIGKILL before that (the OOM
 // killer, kill -9) is a failure of its own and is named.
 inline constexpr int kStepEndSignal = 15;      // SIGTERM
-inline constexpr std::chrono::milliseconds kStepKillGrace{2000};
+using timings::kStepKillGrace;  // dew/failure_timings.h
 // How long a node that saw only peers' 75s waits for the failing rank's own
 // exit to end the step before ending it itself (a frozen or lost rank).
-inline constexpr std::chrono::milliseconds kPeerGrace{1000};
+using timings::kPeerGrace;
 
 struct TaskEndReport {
   TaskEnd kind = TaskEnd::kClean;

@@ -12,6 +12,7 @@
 #include "checkpoint.h"
 #include "dataset_cache.h"
 #include "device.h"
+#include "dew/failure_timings.h"
 #include "dew/log.h"
 #include "dew/text.h"
 #include "dew/topology.h"
@@ -19,10 +20,6 @@
 
 namespace dew::train {
 namespace {
-
-// How long a device whose collective failed waits for the pool's word of a
-// failed peer before it fails the pool itself.
-constexpr auto kPeerNoticeGrace = std::chrono::seconds(2);
 
 struct Resumed {
   Manifest manifest;
@@ -119,7 +116,7 @@ Result<WorkerReport> train_process(runtime::Pool& pool, const mesh::Mesh& layout
   CachedDataset data = local_only ? cached_dataset(o, std::nullopt, "") : load_dataset(pool, o, report.cache_found);
   if (o.reverse_batch) reverse_sequences(data.dataset);
   const int devices = o.devices_per_process;
-  const int first_device = local_only ? 0 : pool.rank() * devices;  // cpu_pool's ids: process by process
+  const int first_device = local_only ? 0 : mesh::cpu_device_id(pool.rank(), devices, 0);
   StallWatch watch(pool, o.step_bound, devices, first_device);
   std::barrier<> sync(devices);
   const auto leaves = model_leaves(model_buckets(o.model));
@@ -142,7 +139,7 @@ Result<WorkerReport> train_process(runtime::Pool& pool, const mesh::Mesh& layout
       // of that peer (which ends this process with the peer-failed code,
       // naming it) comes within a moment, so it gets that moment first.
       if (!results[std::size_t(d)].ok()) {
-        if (!local_only) std::this_thread::sleep_for(kPeerNoticeGrace);
+        if (!local_only) std::this_thread::sleep_for(timings::kPeerNoticeGrace);
         pool.fail("device " + std::to_string(first_device + d) + ": " + results[std::size_t(d)].error().message);
       }
     });

@@ -24,6 +24,13 @@ inline constexpr std::chrono::seconds kLongestWatchdog = std::chrono::hours(24 *
 // "off". `name` names the value in the error (kInvalidArgument).
 Result<Watchdog> parse_watchdog(std::string_view text, std::string_view name);
 
+// The bound a process uses, one rule for the Python module, dew worker and
+// StepWatchdog: `flag` when not empty (named `flag_name` in its error), else
+// DEW_WATCHDOG's value `inherited` (srun --dew-pool and dew launch set it),
+// else kDefaultWatchdog.
+Result<Watchdog> chosen_watchdog(std::string_view flag, std::string_view flag_name,
+                                 const std::optional<std::string>& inherited);
+
 // "30m", "1h30m", "90s": the form parse_watchdog and XLA read back.
 std::string format_duration(std::chrono::seconds duration);
 

@@ -76,6 +76,12 @@ std::vector<double> bandwidth_matrix(int n, const std::function<double(int, int)
 // 0..P*D-1 process by process, one shared granule, equal links.
 DeviceGraph cpu_pool(int processes, int devices_per_process);
 
+// The id cpu_pool gives device `local` (0..devices_per_process-1) of process
+// `process`: the one rule every process uses to find its own devices.
+constexpr int cpu_device_id(int process, int devices_per_process, int local) {
+  return process * devices_per_process + local;
+}
+
 // What one process of a pool knows of its host: the host's GPU topology
 // (its links in GB/s, host_gpus x host_gpus) and which of its GPUs the
 // process owns.

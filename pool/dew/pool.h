@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "dew/exit_status.h"
+#include "dew/failure_timings.h"
 #include "dew/result.h"
 #include "dew/slurm_step.h"
 
@@ -94,10 +95,11 @@ Environment current_environment();
 Result<Identity> resolve_identity(const Environment& env, const JoinOptions& options);
 
 struct Settings {
-  std::chrono::milliseconds agreement_patience{std::chrono::hours(24)};
-  std::chrono::milliseconds heartbeat_timeout{std::chrono::seconds(10)};
-  std::chrono::milliseconds failure_grace{std::chrono::seconds(60)};
-  std::chrono::milliseconds join_timeout{std::chrono::seconds(300)};
+  // The defaults, and the race each bounds: dew/failure_timings.h.
+  std::chrono::milliseconds agreement_patience{timings::kAgreementPatience};
+  std::chrono::milliseconds heartbeat_timeout{timings::kHeartbeatTimeout};
+  std::chrono::milliseconds failure_grace{timings::kFailureGrace};
+  std::chrono::milliseconds join_timeout{timings::kJoinTimeout};
 };
 // Pure: options first, then the DEW_*_SECONDS variables, then the defaults.
 Result<Settings> resolve_settings(const Environment& env, const JoinOptions& options);

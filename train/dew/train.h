@@ -41,6 +41,7 @@
 #include "dew/mesh.h"
 #include "dew/pool.h"
 #include "dew/result.h"
+#include "dew/watchdog.h"
 
 namespace dew::train {
 
@@ -98,7 +99,7 @@ struct WorkerOptions {
   int checkpoint_every = 0;
   bool resume = false;
   // The step bound of the stall watch (stall_watch.h); nullopt: off.
-  std::optional<std::chrono::milliseconds> step_bound = std::chrono::minutes(30);
+  std::optional<std::chrono::milliseconds> step_bound = kDefaultWatchdog;
   // Where the tokenized dataset is cached under the compile-cache key;
   // empty: no cache.
   std::string cache_dir;

@@ -100,7 +100,7 @@ int main(int argc, char** argv) {
   auto pool = dew::runtime::join();
   const int n = pool.size() * per_process;
   std::vector<int> mine;  // this process's device ids: cpu_pool numbers them process by process
-  for (int d = 0; d < per_process; ++d) mine.push_back(pool.rank() * per_process + d);
+  for (int d = 0; d < per_process; ++d) mine.push_back(dew::mesh::cpu_device_id(pool.rank(), per_process, d));
   bool all_ok = true;
   auto report = [&](const std::string& what, const std::vector<std::string>& bad) {
     std::string line = "CASE " + what + ": ";

@@ -56,3 +56,15 @@ TEST(MergeXlaFlags, KeepsAFlagAlreadySetAndOff) {
 
 }  // namespace
 }  // namespace dew
+
+// One rule for every process: the flag, else DEW_WATCHDOG, else 30 minutes.
+TEST(ChosenWatchdog, TheFlagThenTheInheritedValueThenTheDefault) {
+  EXPECT_EQ(dew::chosen_watchdog("", "", std::nullopt).value(), dew::Watchdog(dew::kDefaultWatchdog));
+  EXPECT_EQ(dew::chosen_watchdog("", "", std::string("90s")).value(), dew::Watchdog(std::chrono::seconds(90)));
+  EXPECT_EQ(dew::chosen_watchdog("2m", "--watchdog", std::string("90s")).value(),
+            dew::Watchdog(std::chrono::minutes(2)));
+  EXPECT_EQ(dew::chosen_watchdog("", "", std::string("off")).value(), dew::Watchdog());
+  EXPECT_NE(dew::chosen_watchdog("", "", std::string("soon")).error().message.find("DEW_WATCHDOG"), std::string::npos);
+  EXPECT_NE(dew::chosen_watchdog("x", "--watchdog", std::nullopt).error().message.find("--watchdog"),
+            std::string::npos);
+}

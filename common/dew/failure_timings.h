@@ -1,0 +1,61 @@
+// Every timing of Dew's failure handling in one place, each with the race it
+// bounds. The pool's defaults can be changed per run (DEW_*_SECONDS,
+// JoinOptions); the rest are fixed. See docs/design/ and the README's
+// "How a pool fails" for the whole path.
+#pragma once
+
+#include <chrono>
+
+namespace dew::timings {
+
+using namespace std::chrono_literals;
+
+// --- the pool (pool/): defaults of its Settings --------------------------
+// A rank that arrives first at a host agreement waits for one still busy
+// with host work (a checkpoint upload): the wait a stalled rank can cost.
+inline constexpr std::chrono::milliseconds kAgreementPatience = 24h;
+// A process (or its link) that goes silent is declared failed after this:
+// bounds the hang of a pool whose peer froze or whose network was cut.
+inline constexpr std::chrono::milliseconds kHeartbeatTimeout = 10s;
+// A process that heard of a failure while inside a device collective (which
+// no backend times out) ends itself this long after, not at an agreement.
+inline constexpr std::chrono::milliseconds kFailureGrace = 60s;
+// Peers that never come: a join gives up after this.
+inline constexpr std::chrono::milliseconds kJoinTimeout = 300s;
+// A connection to process 0's service that does not prove the secret is
+// closed after this: strangers cannot hold its descriptors for ever.
+inline constexpr std::chrono::milliseconds kHandshakeTimeout = 10s;
+
+// --- a failing process (pool/failure.cpp) ---------------------------------
+// It waits this long for its failure to leave (and, on process 0, for the
+// service to push it to every peer) before it exits: otherwise its exit can
+// reach a launcher before the cause does, and the wrong rank is blamed.
+inline constexpr std::chrono::milliseconds kFailureFlush = 1s;
+// From a fatal signal's handler: time for the prepared failure frame to leave
+// before the process dies (process 0 also pushes it to every peer).
+inline constexpr std::chrono::milliseconds kSignalFrameLeaves = 100ms;
+inline constexpr std::chrono::milliseconds kSignalFramePushed = 300ms;
+// Processes that find the same peers late at an agreement wait this long for
+// process 0's word, so the late process is named once, not every waiter.
+inline constexpr std::chrono::milliseconds kLateWordWait = 1s;
+// A device whose collective broke waits this long for the pool's word of the
+// peer that failed before failing the pool itself (the rehearsal, train/):
+// the peer that caused it is named, not the device that noticed.
+inline constexpr std::chrono::milliseconds kPeerNoticeGrace = 2s;
+
+// --- the SPANK plugin (spank/) --------------------------------------------
+// How it ends a step: SIGTERM to every task, SIGKILL this much later to any
+// that caught it.
+inline constexpr std::chrono::milliseconds kStepKillGrace = 2s;
+// A node that saw only peers' exit 75 waits this long for the failing rank's
+// own exit to end the step (and name it) before ending the step itself (a
+// frozen or lost rank).
+inline constexpr std::chrono::milliseconds kPeerGrace = 1s;
+
+// --- dew launch (cli/, launch/) -------------------------------------------
+// A stopped local or ssh process has this long between SIGTERM and SIGKILL.
+inline constexpr std::chrono::milliseconds kLaunchStopGrace = 1s;
+// srun, stopped by dew launch --slurm, has this long to end its step itself.
+inline constexpr std::chrono::milliseconds kSrunStopGrace = 10s;
+
+}  // namespace dew::timings
