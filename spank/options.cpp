@@ -134,4 +134,11 @@ Result<PoolOptions> check_pool_options(PoolOptions options) {
                           (orphans.size() == 1 ? "it" : "them"));
 }
 
+Result<Done> note_option(SeenOptions& seen, std::string_view option, std::string_view text) {
+  const auto [at, added] = seen.emplace(std::string(option), std::string(text));
+  if (added || at->second == text) return Done{};
+  return invalid_argument(std::string(option) + " was given twice, as " + quoted(at->second) + " and " +
+                          quoted(text) + "; allowed: one value (or the same one again)");
+}
+
 }  // namespace dew::spank

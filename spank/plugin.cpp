@@ -94,10 +94,31 @@ int store(Result<T> parsed, auto& slot) {
   return 0;
 }
 
+// The option's name for note_option and its errors.
+const char* option_name(int id) {
+  switch (id) {
+    case kPool: return "--dew-pool";
+    case kMultiHost: return "--dew-multi-host";
+    case kDevicesPerProcess: return "--dew-devices-per-process";
+    case kPort: return "--dew-port";
+    case kCoordinator: return "--dew-coordinator";
+    case kWatchdog: return "--dew-watchdog";
+    case kKillOnBadExit: return "--dew-kill-on-bad-exit";
+    default: return "--dew-?";
+  }
+}
+
+SeenOptions g_seen_options;
+
 int on_option(int id, const char* optarg, int /*remote*/) {
   return guarded("option", [&] {
     // Flags arrive with optarg NULL, and in slurmstepd sometimes twice.
-    const std::string_view value = optarg ? optarg : "";
+    const bool flag = id == kPool || id == kMultiHost;
+    const std::string_view value = optarg && !flag ? optarg : "";
+    if (auto once = note_option(g_seen_options, option_name(id), value); !once.ok()) {
+      report(once.error());
+      return -1;
+    }
     switch (id) {
       case kPool: g_options.pool = true; return 0;
       case kMultiHost: g_options.multi_host = true; return 0;

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
+#include <map>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -59,6 +61,14 @@ Result<std::uint16_t> parse_port(std::string_view text, std::string_view option)
 Result<PortRange> parse_port_range(std::string_view text, std::string_view option);
 Result<bool> parse_yes_no(std::string_view text, std::string_view option);
 Result<std::string> parse_coordinator_host(std::string_view text, std::string_view option);
+
+// The values each srun option was given so far (option -> its text). An
+// option given again with the same text is kept (srun and slurmstepd may
+// pass one twice; a flag's text is always ""); with another text it is
+// refused naming both (kInvalidArgument), as pyxis does, instead of the last
+// one silently winning.
+using SeenOptions = std::map<std::string, std::string, std::less<>>;
+Result<Done> note_option(SeenOptions& seen, std::string_view option, std::string_view text);
 
 // Options that only make sense together (checked once all are parsed).
 Result<PoolOptions> check_pool_options(PoolOptions options);

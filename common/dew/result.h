@@ -69,7 +69,7 @@ inline Error not_allowed(std::string_view what, std::string_view value, std::str
 // Value or Error. Nothing in the cores throws across a C boundary; callers
 // test ok() and read value() or error().
 template <typename T>
-class Result {
+class [[nodiscard]] Result {
  public:
   Result(T value) : state_(std::move(value)) {}      // NOLINT: implicit by design
   Result(Error error) : state_(std::move(error)) {}  // NOLINT: implicit by design

@@ -124,6 +124,18 @@ TEST(SrunDewPool, BadOptionValueFailsBeforeAnyTaskRuns) {
   EXPECT_FALSE(std::filesystem::exists(marker));
 }
 
+TEST(SrunDewPool, AnOptionGivenTwiceWithDifferentValuesIsRefused) {
+  const auto marker = marker_path("twice");
+  auto r = cluster().srun({"--dew-pool", "--dew-port=30001", "--dew-port=30002", "-N1", "-n1", "touch", marker}, {},
+                          30s);
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("--dew-port was given twice, as '30001' and '30002'"));
+  EXPECT_FALSE(std::filesystem::exists(marker));
+  r = cluster().srun({"--dew-pool", "--dew-port=30001", "--dew-port=30001", "-N1", "-n1", "touch", marker}, {}, 30s);
+  EXPECT_EQ(r.exit_code, 0) << "the same value again is the same request: " << describe(r);
+  EXPECT_TRUE(std::filesystem::exists(marker));
+}
+
 TEST(SrunDewPool, OptionsWithoutDewPoolAreRefused) {
   const auto marker = marker_path("orphan-option");
   auto r = cluster().srun({"--dew-port=20000", "-N1", "-n1", "touch", marker}, {}, 30s);

@@ -140,3 +140,22 @@ TEST(PoolOptionsCheck, OptionsWithoutPoolAreRefusedByName) {
 
 }  // namespace
 }  // namespace dew::spank
+
+namespace dew::spank {
+namespace {
+
+// srun and slurmstepd may hand the plugin one option twice: the same text is
+// kept; another text is refused naming both, never the last one winning.
+TEST(RepeatedOption, TheSameValueIsAcceptedAnotherIsRefusedNamingBoth) {
+  SeenOptions seen;
+  EXPECT_TRUE(note_option(seen, "--dew-port", "30001").ok());
+  EXPECT_TRUE(note_option(seen, "--dew-port", "30001").ok());
+  EXPECT_TRUE(note_option(seen, "--dew-pool", "").ok());
+  EXPECT_TRUE(note_option(seen, "--dew-pool", "").ok()) << "a flag, twice";
+  EXPECT_EQ(dew::testing::invalid_argument_of(note_option(seen, "--dew-port", "30002")),
+            "--dew-port was given twice, as '30001' and '30002'; allowed: one value (or the same one again)");
+  EXPECT_TRUE(note_option(seen, "--dew-watchdog", "30m").ok()) << "each option on its own";
+}
+
+}  // namespace
+}  // namespace dew::spank
