@@ -34,9 +34,9 @@ Result<Stats> all_to_all_forward(Communicator& comm, const ShardCall<T>& call, c
   });
   if (!stats.ok()) return stats;
   const ToShard<T> to_out{o.data(), hn, g.ls, w, out, d.heads, split.q_start, false};
-  auto back = lse == nullptr ? to_shards<T>(comm, d.batch, {to_out})
-                             : to_shards<T>(comm, d.batch, {to_out, {l.data(), hn, g.ls, 1, lse, d.heads,
-                                                                     split.q_start, false}});
+  auto back = lse == nullptr
+                  ? to_shards<T>(comm, d.batch, {to_out})
+                  : to_shards<T>(comm, d.batch, {to_out, {l.data(), hn, g.ls, 1, lse, d.heads, split.q_start, false}});
   if (!back.ok()) return back.error();
   return stats;
 }
@@ -49,12 +49,12 @@ Result<Stats> all_to_all_backward(Communicator& comm, const ShardCall<T>& call, 
   const HeadSplit split = head_split(d, g.n);
   const int hn = split.per_device;
   auto traded = to_whole_sequences<T>(comm, d.batch,
-                                  {{call.query, d.heads, g.ls, w, split.q_start, hn},
-                                   {call.key, d.kv_heads, g.lks, w, split.kv_start, split.count},
-                                   {call.value, d.kv_heads, g.lks, w, split.kv_start, split.count},
-                                   {out, d.heads, g.ls, w, split.q_start, hn},
-                                   {lse, d.heads, g.ls, 1, split.q_start, hn},
-                                   {d_out, d.heads, g.ls, w, split.q_start, hn}});
+                                      {{call.query, d.heads, g.ls, w, split.q_start, hn},
+                                       {call.key, d.kv_heads, g.lks, w, split.kv_start, split.count},
+                                       {call.value, d.kv_heads, g.lks, w, split.kv_start, split.count},
+                                       {out, d.heads, g.ls, w, split.q_start, hn},
+                                       {lse, d.heads, g.ls, 1, split.q_start, hn},
+                                       {d_out, d.heads, g.ls, w, split.q_start, hn}});
   if (!traded.ok()) return traded.error();
   const Scratch<T>& q = traded.value()[0];
   const Scratch<T>& k = traded.value()[1];
@@ -104,8 +104,8 @@ template Result<Stats> all_to_all_forward<float>(Communicator&, const ShardCall<
                                                  float*);
 template Result<Stats> all_to_all_forward<double>(Communicator&, const ShardCall<double>&, const Geometry&, double*,
                                                   double*);
-template Result<Stats> all_to_all_backward<float>(Communicator&, const ShardCall<float>&, const Geometry&,
-                                                  const float*, const float*, const float*, const Gradients<float>&);
+template Result<Stats> all_to_all_backward<float>(Communicator&, const ShardCall<float>&, const Geometry&, const float*,
+                                                  const float*, const float*, const Gradients<float>&);
 template Result<Stats> all_to_all_backward<double>(Communicator&, const ShardCall<double>&, const Geometry&,
                                                    const double*, const double*, const double*,
                                                    const Gradients<double>&);

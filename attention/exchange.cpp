@@ -19,7 +19,7 @@ Result<std::vector<std::int64_t>> shard_positions(Layout layout, std::int64_t le
     // Uneven lengths: the first length % devices devices hold one row more.
     if (length < devices) {
       return invalid_argument("length " + str(length) + " is shorter than the " + str(devices) +
-                   " devices; allowed: at least one position per device");
+                              " devices; allowed: at least one position per device");
     }
     const std::int64_t base = length / devices, extra = length % devices;
     const std::int64_t start = rank * base + std::min<std::int64_t>(rank, extra);
@@ -29,8 +29,8 @@ Result<std::vector<std::int64_t>> shard_positions(Layout layout, std::int64_t le
   }
   const std::int64_t parts = 2 * std::int64_t(devices);
   if (length < 0 || length % parts != 0) {
-    return invalid_argument("length " + str(length) + " does not divide by 2 x " + str(devices) + " devices = " + str(parts) +
-                 " chunks (the chunk-pair layout; the contiguous layout takes any length)");
+    return invalid_argument("length " + str(length) + " does not divide by 2 x " + str(devices) + " devices = " +
+                            str(parts) + " chunks (the chunk-pair layout; the contiguous layout takes any length)");
   }
   std::vector<std::int64_t> positions;
   const std::int64_t size = length / parts;
@@ -60,8 +60,9 @@ Result<Stats> exchange_backward(Exchange exchange, Communicator& comm, const Sha
   }
   if (out == nullptr || lse == nullptr || d_out == nullptr || grads.query == nullptr || grads.key == nullptr ||
       grads.value == nullptr) {
-    return invalid_argument("exchange: backward needs out, lse, d_out and the query, key and value gradients (a null pointer "
-                 "was passed)");
+    return invalid_argument(
+        "exchange: backward needs out, lse, d_out and the query, key and value gradients (a null pointer "
+        "was passed)");
   }
 
   if (exchange == Exchange::kGather) return detail::gather_backward(comm, call, g.value(), out, lse, d_out, grads);

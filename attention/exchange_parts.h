@@ -94,11 +94,11 @@ Result<Geometry> geometry(Exchange exchange, const Communicator& comm, const Sha
   g.rank = comm.rank();
   if (exchange == Exchange::kAllToAll && d.heads % g.n != 0) {
     return invalid_argument("all-to-all: heads " + str(d.heads) + " do not divide by the " + str(g.n) +
-                 " devices of the sequence group; allowed: a multiple of " + str(g.n) + " (or the gather)");
+                            " devices of the sequence group; allowed: a multiple of " + str(g.n) + " (or the gather)");
   }
   if (d.query_length < 1 || d.key_length < 1) {
     return invalid_argument("exchange: lengths " + str(d.query_length) + " and " + str(d.key_length) +
-                 " are not allowed; allowed: whole numbers >= 1");
+                            " are not allowed; allowed: whole numbers >= 1");
   }
   for (int s = 0; s < g.n; ++s) {
     auto q = shard_positions(call.layout, d.query_length, g.n, s);
@@ -114,33 +114,35 @@ Result<Geometry> geometry(Exchange exchange, const Communicator& comm, const Sha
   // The all-to-all trades equal slices; the gather takes uneven shards.
   if (exchange == Exchange::kAllToAll && (d.query_length % g.n != 0 || d.key_length % g.n != 0)) {
     return invalid_argument("all-to-all: query length " + str(d.query_length) + " and key length " + str(d.key_length) +
-                 " must both divide by the " + str(g.n) + " devices of the sequence group (or use the gather)");
+                            " must both divide by the " + str(g.n) +
+                            " devices of the sequence group (or use the gather)");
   }
   g.ls = std::int64_t(g.q_mine.size());
   g.lks = d.key_length / g.n;
   if (call.bias.data != nullptr &&
       (call.bias.batch_stride < -1 || call.bias.head_stride < -1 || call.bias.row_stride < -1)) {
-    return invalid_argument("exchange: bias strides " + str(call.bias.batch_stride) + ", " + str(call.bias.head_stride) + ", " +
-                 str(call.bias.row_stride) + " are not allowed; allowed: >= 0, or -1 for the dense layout");
+    return invalid_argument("exchange: bias strides " + str(call.bias.batch_stride) + ", " +
+                            str(call.bias.head_stride) + ", " + str(call.bias.row_stride) +
+                            " are not allowed; allowed: >= 0, or -1 for the dense layout");
   }
   if (call.query_segments.empty() != call.key_segments.empty()) {
-    return invalid_argument("exchange: segments given for " + std::string(call.query_segments.empty() ? "keys" : "queries") +
-                 " only; allowed: both or neither");
+    return invalid_argument("exchange: segments given for " +
+                            std::string(call.query_segments.empty() ? "keys" : "queries") +
+                            " only; allowed: both or neither");
   }
-  if (!call.query_segments.empty() &&
-      (std::int64_t(call.query_segments.size()) != d.batch * d.query_length ||
-       std::int64_t(call.key_segments.size()) != d.batch * d.key_length)) {
+  if (!call.query_segments.empty() && (std::int64_t(call.query_segments.size()) != d.batch * d.query_length ||
+                                       std::int64_t(call.key_segments.size()) != d.batch * d.key_length)) {
     return invalid_argument("exchange: segments of " + str(std::int64_t(call.query_segments.size())) + " and " +
-                 str(std::int64_t(call.key_segments.size())) +
-                 " ids are not allowed; allowed: batch x whole length = " +
-                 str(d.batch * d.query_length) + " and " + str(d.batch * d.key_length));
+                            str(std::int64_t(call.key_segments.size())) +
+                            " ids are not allowed; allowed: batch x whole length = " + str(d.batch * d.query_length) +
+                            " and " + str(d.batch * d.key_length));
   }
   return g;
 }
 
 // Segment ids of `positions` (per batch entry), from the whole sequences'.
 inline std::vector<std::int32_t> segments_at(std::span<const std::int32_t> whole, int batch, std::int64_t length,
-                                      const std::vector<std::int64_t>& positions) {
+                                             const std::vector<std::int64_t>& positions) {
   std::vector<std::int32_t> out;
   if (whole.empty()) return out;
   out.reserve(std::size_t(batch) * positions.size());
@@ -206,8 +208,7 @@ Result<std::vector<Scratch<T>>> to_whole_sequences(Communicator& comm, int batch
       },
       [&](std::size_t i, std::size_t s, int b, int j, const T* row) {
         const ToWhole<T>& p = parts.begin()[i];
-        std::memcpy(wholes[i].data() + (std::size_t(b * p.count + j) * n + s) * p.row(), row,
-                    p.row() * sizeof(T));
+        std::memcpy(wholes[i].data() + (std::size_t(b * p.count + j) * n + s) * p.row(), row, p.row() * sizeof(T));
       });
   if (!done.ok()) return done.error();
   return wholes;
@@ -364,7 +365,7 @@ struct LocalRuns {
         in.mask.window = call.window;
         if (!q_seg.empty()) {
           in.mask.query_segments = std::span<const std::int32_t>(q_seg).subspan(std::size_t(b * d.query_length),
-                                                                                 std::size_t(d.query_length));
+                                                                                std::size_t(d.query_length));
           in.mask.key_segments =
               std::span<const std::int32_t>(k_seg).subspan(std::size_t(b * d.key_length), std::size_t(d.key_length));
         }
@@ -397,11 +398,10 @@ struct Gathered {
     const Dims& d = call.dims;
     auto kv = gather_whole<T>(comm, {call.key, call.value}, d.batch, d.kv_heads, g, d.head_dim);
     if (!kv.ok()) return kv.error();
-    return std::unique_ptr<Gathered>(new Gathered{
-        std::move(kv.value()[0]), std::move(kv.value()[1]),
-        segments_at(call.query_segments, d.batch, d.query_length, g.q_mine),
-        segments_at(call.key_segments, d.batch, d.key_length, g.k_order),
-        local_bias(call, 0, d.batch, 0, d.heads, g.q_mine, g.k_order)});
+    return std::unique_ptr<Gathered>(new Gathered{std::move(kv.value()[0]), std::move(kv.value()[1]),
+                                                  segments_at(call.query_segments, d.batch, d.query_length, g.q_mine),
+                                                  segments_at(call.key_segments, d.batch, d.key_length, g.k_order),
+                                                  local_bias(call, 0, d.batch, 0, d.heads, g.q_mine, g.k_order)});
   }
 
   Inputs<T> inputs(const ShardCall<T>& call, const Geometry& g) const {
@@ -424,7 +424,6 @@ struct Gathered {
     return in;
   }
 };
-
 
 // The two exchanges (gather.cpp, all_to_all.cpp), after exchange.cpp has
 // checked the call and worked out its geometry.

@@ -26,8 +26,10 @@ Result<Done> reduce_scatter_key_value(Communicator& comm, const Dims& d, const G
       for (std::size_t bk = 0; bk < rows_of; ++bk) {
         T* to = send.data() + s * chunk + i * part + bk * row;
         const std::int64_t count = g.k_count[s];
-        std::memcpy(to, tensors[i].first->data() + (bk * std::size_t(d.key_length) + std::size_t(g.k_start[s])) * std::size_t(w),
-                    std::size_t(count * w) * sizeof(T));
+        std::memcpy(
+            to,
+            tensors[i].first->data() + (bk * std::size_t(d.key_length) + std::size_t(g.k_start[s])) * std::size_t(w),
+            std::size_t(count * w) * sizeof(T));
         std::fill(to + count * w, to + row, T(0));
       }
   auto done = comm.reduce_scatter(std::span<const T>(send), std::span<T>(mine_sum));
@@ -91,8 +93,7 @@ template Result<Stats> gather_forward<double>(Communicator&, const ShardCall<dou
                                               double*);
 template Result<Stats> gather_backward<float>(Communicator&, const ShardCall<float>&, const Geometry&, const float*,
                                               const float*, const float*, const Gradients<float>&);
-template Result<Stats> gather_backward<double>(Communicator&, const ShardCall<double>&, const Geometry&,
-                                               const double*, const double*, const double*,
-                                               const Gradients<double>&);
+template Result<Stats> gather_backward<double>(Communicator&, const ShardCall<double>&, const Geometry&, const double*,
+                                               const double*, const double*, const Gradients<double>&);
 
 }  // namespace dew::attention::detail

@@ -91,10 +91,10 @@ struct Prepared {
   std::int64_t row_offset(int b, int h) const { return (static_cast<std::int64_t>(b) * in.dims.heads + h) * lq; }
 
   // S (nq x nk, leading dimension nk) = scale Q_blk K_blk^T + bias, masked.
-  void logits(int b, int h, int g, std::int64_t q0, std::int64_t nq, std::int64_t k0, std::int64_t nk,
-              BlockKind kind, T* s) const {
-    gemm<T>(false, true, nq, nk, d, scale, in.query + q_offset(b, h) + q0 * d, d, in.key + kv_offset(b, g) + k0 * d,
-            d, T(0), s, nk);
+  void logits(int b, int h, int g, std::int64_t q0, std::int64_t nq, std::int64_t k0, std::int64_t nk, BlockKind kind,
+              T* s) const {
+    gemm<T>(false, true, nq, nk, d, scale, in.query + q_offset(b, h) + q0 * d, d, in.key + kv_offset(b, g) + k0 * d, d,
+            T(0), s, nk);
     if (bias != nullptr) {
       const T* base = bias + b * bias_batch + h * bias_head + q0 * bias_row + k0;
       for (std::int64_t i = 0; i < nq; ++i) {
@@ -121,17 +121,23 @@ Result<Prepared<T>> prepare(const Inputs<T>& in) {
   }
   if (!(in.scale >= 0) || !std::isfinite(in.scale)) {
     return invalid_argument("attention: scale " + std::to_string(in.scale) +
-                 " is not allowed; allowed: a finite number > 0, or 0 for 1/sqrt(head_dim)");
+                            " is not allowed; allowed: a finite number > 0, or 0 for 1/sqrt(head_dim)");
   }
   const Dims& dims = in.dims;
   const std::int64_t lq = dims.query_length, lk = dims.key_length;
-  Prepared<T> call{in, std::move(plan.value()), lq, lk, dims.head_dim, dims.heads / dims.kv_heads,
-               static_cast<T>(in.scale == 0 ? 1.0 / std::sqrt(static_cast<double>(dims.head_dim)) : in.scale)};
+  Prepared<T> call{in,
+                   std::move(plan.value()),
+                   lq,
+                   lk,
+                   dims.head_dim,
+                   dims.heads / dims.kv_heads,
+                   static_cast<T>(in.scale == 0 ? 1.0 / std::sqrt(static_cast<double>(dims.head_dim)) : in.scale)};
   if (in.bias.data != nullptr) {
     const auto& bias = in.bias;
     if (bias.batch_stride < -1 || bias.head_stride < -1 || bias.row_stride < -1) {
-      return invalid_argument("attention: bias strides " + size_text(bias.batch_stride) + ", " + size_text(bias.head_stride) +
-                   ", " + size_text(bias.row_stride) + " are not allowed; allowed: >= 0, or -1 for the dense layout");
+      return invalid_argument("attention: bias strides " + size_text(bias.batch_stride) + ", " +
+                              size_text(bias.head_stride) + ", " + size_text(bias.row_stride) +
+                              " are not allowed; allowed: >= 0, or -1 for the dense layout");
     }
     call.bias = bias.data;
     call.bias_row = bias.row_stride == -1 ? lk : bias.row_stride;
@@ -226,18 +232,19 @@ Result<Stats> forward(const Inputs<T>& in, T* out, T* lse) {
 }
 
 template <typename T>
-Result<Stats> backward(const Inputs<T>& in, const T* out, const T* lse, const T* d_out,
-                       const Gradients<T>& grads) {
+Result<Stats> backward(const Inputs<T>& in, const T* out, const T* lse, const T* d_out, const Gradients<T>& grads) {
   auto prepared = prepare(in);
   if (!prepared.ok()) return prepared.error();
   const bool no_queries = in.dims.query_length == 0, no_keys = in.dims.key_length == 0;
   if (((out == nullptr || lse == nullptr || d_out == nullptr || grads.query == nullptr) && !no_queries) ||
       ((grads.key == nullptr || grads.value == nullptr) && !no_keys)) {
-    return invalid_argument("attention: backward needs out, lse, d_out and the query, key and value gradients (a null "
-                 "pointer was passed)");
+    return invalid_argument(
+        "attention: backward needs out, lse, d_out and the query, key and value gradients (a null "
+        "pointer was passed)");
   }
   if (grads.sinks != nullptr && in.sinks == nullptr) {
-    return invalid_argument("attention: a sinks gradient was asked for a call without sinks; allowed: d_sinks only with sinks");
+    return invalid_argument(
+        "attention: a sinks gradient was asked for a call without sinks; allowed: d_sinks only with sinks");
   }
   Prepared<T>& call = prepared.value();
   MaskPlan& plan = call.plan;

@@ -27,8 +27,8 @@ std::optional<Error> check_dims(const Dims& dims) {
   if (dims.heads < 1) return bad("heads", dims.heads, "a whole number >= 1");
   if (dims.kv_heads < 1) return bad("kv_heads", dims.kv_heads, "a whole number >= 1");
   if (dims.heads % dims.kv_heads != 0) {
-    return invalid_argument("attention: heads " + str(dims.heads) + " is not a multiple of kv_heads " + str(dims.kv_heads) +
-                 "; allowed: kv_heads dividing heads (grouped-query attention)");
+    return invalid_argument("attention: heads " + str(dims.heads) + " is not a multiple of kv_heads " +
+                            str(dims.kv_heads) + "; allowed: kv_heads dividing heads (grouped-query attention)");
   }
   if (dims.query_length < 0 || dims.query_length > kMaxLength)
     return bad("query_length", dims.query_length, "0 to 2^40");
@@ -57,8 +57,9 @@ std::optional<Error> check_mask(const Mask& mask, const Dims& dims) {
                "empty or key_length = " + str(dims.key_length) + " entries");
   }
   if (mask.query_segments.empty() != mask.key_segments.empty()) {
-    return invalid_argument("attention: segments given for " + std::string(mask.query_segments.empty() ? "keys" : "queries") +
-                 " only; allowed: query_segments and key_segments both given or both empty");
+    return invalid_argument("attention: segments given for " +
+                            std::string(mask.query_segments.empty() ? "keys" : "queries") +
+                            " only; allowed: query_segments and key_segments both given or both empty");
   }
   const std::int64_t q_seg_size = static_cast<std::int64_t>(dims.batch) * dims.query_length;
   const std::int64_t k_seg_size = static_cast<std::int64_t>(dims.batch) * dims.key_length;

@@ -1,8 +1,8 @@
 // The rule that picks a sequence-parallel exchange, as the design page's
 // sequence_parallel_attention holds it, and the mask parser (`dew attention-plan --mask`).
 #include <algorithm>
-#include <optional>
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "dew/attention.h"
@@ -47,9 +47,7 @@ int kv_heads_of(int first, int count, int group) { return (first + count - 1) / 
 }  // namespace
 
 Result<MaskSpec> parse_mask_kind(std::string_view text) {
-  const auto fail = [&] {
-    return not_allowed("mask", text, kMaskAllowed);
-  };
+  const auto fail = [&] { return not_allowed("mask", text, kMaskAllowed); };
   if (text == "none") return MaskSpec{MaskKind::kNone, {}};
   if (text == "causal") return MaskSpec{MaskKind::kCausal, {}};
   if (text == "documents") return MaskSpec{MaskKind::kDocuments, {}};
@@ -88,9 +86,7 @@ std::string_view gather_kernel_name(GatherKernel kernel) {
   return kernel == GatherKernel::kDenseBias ? "dense-bias" : "skips-masked-blocks";
 }
 
-std::string_view exchange_name(Exchange exchange) {
-  return exchange == Exchange::kAllToAll ? "all-to-all" : "gather";
-}
+std::string_view exchange_name(Exchange exchange) { return exchange == Exchange::kAllToAll ? "all-to-all" : "gather"; }
 
 namespace {
 
@@ -106,16 +102,14 @@ std::optional<Error> check_call(const Call& call) {
   }
   if (call.query_length < 1 || call.query_length > kMaxLength)
     return value_error("query length", call.query_length, lengths);
-  if (call.key_length < 1 || call.key_length > kMaxLength)
-    return value_error("key length", call.key_length, lengths);
+  if (call.key_length < 1 || call.key_length > kMaxLength) return value_error("key length", call.key_length, lengths);
   if (call.sequence < 1 || call.sequence > kMaxCount) return value_error("sequence", call.sequence, counts);
   if (call.tensor < 1 || call.tensor > kMaxCount) return value_error("tensor", call.tensor, counts);
   if (call.head_dim < 1 || call.head_dim > kMaxCount) return value_error("head width", call.head_dim, counts);
   if (call.bytes_per_value < 1 || call.bytes_per_value > 16)
     return value_error("bytes per value", call.bytes_per_value, "a whole number from 1 to 16");
-  if (call.mask.kind == MaskKind::kWindow &&
-      (call.mask.window.left < 0 || call.mask.window.left > kMaxLength || call.mask.window.right < 0 ||
-       call.mask.window.right > kMaxLength)) {
+  if (call.mask.kind == MaskKind::kWindow && (call.mask.window.left < 0 || call.mask.window.left > kMaxLength ||
+                                              call.mask.window.right < 0 || call.mask.window.right > kMaxLength)) {
     return not_allowed("mask", "window=" + str(call.mask.window.left) + "," + str(call.mask.window.right),
                        kMaskAllowed);
   }
@@ -132,8 +126,8 @@ void cost_all_to_all(const Call& call, int group, Plan& plan) {
   const std::int64_t lq = call.query_length, lk = call.key_length;
   ExchangeCost& a2a = plan.all_to_all;
   if (h % n != 0) {
-    a2a.why_not = "the query heads per tensor shard, heads " + str(h_all) + " / tensor " + str(t) + " = " +
-                  str(h) + ", do not divide by sequence " + str(n);
+    a2a.why_not = "the query heads per tensor shard, heads " + str(h_all) + " / tensor " + str(t) + " = " + str(h) +
+                  ", do not divide by sequence " + str(n);
     return;
   }
   if (lq % n != 0) {
@@ -163,8 +157,9 @@ void cost_gather(const Call& call, Plan& plan) {
   const std::int64_t lq = call.query_length, lk = call.key_length;
   ExchangeCost& gather = plan.gather;
   if (call.mask.kind != MaskKind::kNone && n > 1 && lq % (2 * n) != 0) {
-    gather.why_not = "a " + format_mask_kind(call.mask) + " call cuts the query length into 2 x sequence = " +
-                     str(2 * n) + " chunks, and " + str(lq) + " does not divide by " + str(2 * n);
+    gather.why_not = "a " + format_mask_kind(call.mask) +
+                     " call cuts the query length into 2 x sequence = " + str(2 * n) + " chunks, and " + str(lq) +
+                     " does not divide by " + str(2 * n);
     return;
   }
   gather.can_run = true;
@@ -203,8 +198,8 @@ void decide(const Call& call, Plan& plan) {
                                    : "unmasked, and ";
     if (gather.bytes < a2a.bytes) {
       plan.exchange = Exchange::kGather;
-      plan.reason = why + "the gather sends fewer bytes: " + num(gather.units) + " against " + num(a2a.units) +
-                    units_text;
+      plan.reason =
+          why + "the gather sends fewer bytes: " + num(gather.units) + " against " + num(a2a.units) + units_text;
     } else if (gather.bytes == a2a.bytes) {
       // Equal bytes (multi-head attention over two devices, for one): every
       // collective call costs a latency, and the gather makes fewer, one
@@ -217,13 +212,15 @@ void decide(const Call& call, Plan& plan) {
         plan.reason = both + ", and the gather makes fewer collective calls: 3 against 4 per forward and backward";
       } else {
         plan.exchange = Exchange::kAllToAll;
-        plan.reason = both + " forward, and the gather's backward would reduce-scatter dK and dV in fp32, more "
-                             "than " + str(call.bytes_per_value) + " bytes per value";
+        plan.reason = both +
+                      " forward, and the gather's backward would reduce-scatter dK and dV in fp32, more "
+                      "than " +
+                      str(call.bytes_per_value) + " bytes per value";
       }
     } else {
       plan.exchange = Exchange::kAllToAll;
-      plan.reason = why + "the all-to-all sends fewer bytes: " + num(a2a.units) + " against " +
-                    num(gather.units) + units_text;
+      plan.reason =
+          why + "the all-to-all sends fewer bytes: " + num(a2a.units) + " against " + num(gather.units) + units_text;
     }
   }
 }
@@ -240,8 +237,8 @@ Result<Plan> choose_exchange(const Call& call) {
   cost_all_to_all(call, group, plan);
   cost_gather(call, plan);
   if (!plan.all_to_all.can_run && !plan.gather.can_run) {
-    return unsupported("neither exchange can run: all-to-all: " + plan.all_to_all.why_not + "; gather: " +
-                       plan.gather.why_not);
+    return unsupported("neither exchange can run: all-to-all: " + plan.all_to_all.why_not +
+                       "; gather: " + plan.gather.why_not);
   }
   decide(call, plan);
   return plan;

@@ -1,17 +1,17 @@
 // Communicators for mesh axis groups over the runtime pool
 // (dew/axes.h). axis_member is pure; the rest gathers the pool's
 // store and this host's address and hands them to make_gloo_communicator.
-#include "dew/axes.h"
-
 #include <algorithm>
 #include <asio/connect.hpp>
 #include <asio/io_context.hpp>
 #include <asio/ip/udp.hpp>
-#include <map>
-#include <mutex>
 #include <cstdint>
 #include <cstdio>
+#include <map>
+#include <mutex>
 #include <utility>
+
+#include "dew/axes.h"
 
 namespace dew::axes {
 namespace {
@@ -70,7 +70,7 @@ Result<AxisMember> axis_member(const mesh::Mesh& mesh, mesh::Axis axis, int devi
     return member;
   }
   return not_found("device " + std::to_string(device_id) + " is not in the mesh; allowed: its devices " +
-               ids_text(mesh.devices));
+                   ids_text(mesh.devices));
 }
 
 Result<std::string> reachable_address(const runtime::Identity& identity) {
@@ -82,7 +82,7 @@ Result<std::string> reachable_address(const runtime::Identity& identity) {
   const auto found = resolver.resolve(to.host, std::to_string(to.port), ec);
   if (ec) {
     return unavailable("the coordinator's host '" + to.host + "' (" + identity.coordinator_from +
-                 ") does not resolve: " + ec.message() + "; give the address to listen on instead");
+                       ") does not resolve: " + ec.message() + "; give the address to listen on instead");
   }
   asio::ip::udp::socket socket(io);
   // A UDP connect only picks the route and the local address: nothing is sent.
@@ -101,8 +101,8 @@ Result<AxisRendezvous> axis_rendezvous(runtime::Pool& pool, const mesh::Mesh& me
   const int owner = mesh.processes[static_cast<std::size_t>(at - mesh.devices.begin())];
   if (owner != pool.rank()) {
     return invalid_argument("device " + std::to_string(device_id) + " sits on process " + std::to_string(owner) +
-                 " in this mesh, not on this process " + std::to_string(pool.rank()) +
-                 "; allowed: the devices of this process");
+                            " in this mesh, not on this process " + std::to_string(pool.rank()) +
+                            "; allowed: the devices of this process");
   }
   AxisRendezvous rendezvous;
   rendezvous.prefix = member.value().prefix + "/" + std::to_string(next_round(member.value().prefix, device_id));

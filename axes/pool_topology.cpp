@@ -17,9 +17,8 @@ namespace {
 // number) is nullopt, never a conversion out of range.
 std::optional<long long> whole(const nlohmann::json& j, long long low, long long high) {
   if (!j.is_number_integer()) return std::nullopt;
-  const long long value = j.is_number_unsigned() && j.get<unsigned long long>() > 1ULL << 62
-                              ? high + 1
-                              : j.get<long long>();
+  const long long value =
+      j.is_number_unsigned() && j.get<unsigned long long>() > 1ULL << 62 ? high + 1 : j.get<long long>();
   if (value < low || value > high) return std::nullopt;
   return value;
 }
@@ -99,9 +98,9 @@ Result<mesh::HostPart> local_part(const topology::Topology& host, const LocalFac
 }
 
 std::string encode_part(const mesh::HostPart& p) {
-  return nlohmann::json{{"process", p.process},     {"host", p.host},   {"host_name", p.host_name},
-                        {"granule", p.granule},     {"host_gpus", p.host_gpus},
-                        {"bandwidth", p.bandwidth}, {"gpus", p.gpus}}
+  return nlohmann::json{{"process", p.process}, {"host", p.host},           {"host_name", p.host_name},
+                        {"granule", p.granule}, {"host_gpus", p.host_gpus}, {"bandwidth", p.bandwidth},
+                        {"gpus", p.gpus}}
       .dump();
 }
 

@@ -35,10 +35,10 @@
 #include <thread>
 #include <vector>
 
-#include "dew/median.h"
 #include "dew/attention.h"
 #include "dew/comm.h"
 #include "dew/exchange.h"
+#include "dew/median.h"
 #ifdef DEW_HAVE_NCCL
 #include <cuda_runtime_api.h>
 
@@ -153,8 +153,10 @@ Times time_shape(const Shape& s, int n, int head_dim, int runs, double min_secon
           (void)comm.value()->barrier();
           const double seconds = std::chrono::duration<double>(Clock::now() - start).count() / count;
           RankTimes& mine = per_rank[std::size_t(rank)];
-          if (r > 0) mine.runs[slot(e)].push_back(seconds);
-          else mine.warm_up[slot(e)] = seconds;
+          if (r > 0)
+            mine.runs[slot(e)].push_back(seconds);
+          else
+            mine.warm_up[slot(e)] = seconds;
         }
         if (r == 0) {
           warmed_up.arrive_and_wait();
@@ -176,7 +178,6 @@ Times time_shape(const Shape& s, int n, int head_dim, int runs, double min_secon
     }
   return times;
 }
-
 
 // "1,2,3" -> {1, 2, 3}; false on anything but positive whole numbers.
 bool parse_list(const std::string& text, std::vector<std::int64_t>& out) {
@@ -227,14 +228,16 @@ struct Score {
     return miss;
   }
   void print(const char* name) const {
-    std::printf("%s: picked the faster exchange in %d of %d shapes (%.0f%%); largest miss %.1f%%; target (>= 90%% "
-                "right, misses <= 10%%) %s\n",
-                name, right, total, 100.0 * right / std::max(total, 1), 100.0 * worst,
-                (right * 10 >= total * 9 && worst <= 0.10) ? "met" : "not met");
-    std::printf("%*s  where every run decided (%d shapes; the rest are ties within noise): %d right (%.0f%%), largest "
-                "miss %.1f%%\n",
-                int(std::string(name).size()), "", decided, right_decided,
-                100.0 * right_decided / std::max(decided, 1), 100.0 * worst_decided);
+    std::printf(
+        "%s: picked the faster exchange in %d of %d shapes (%.0f%%); largest miss %.1f%%; target (>= 90%% "
+        "right, misses <= 10%%) %s\n",
+        name, right, total, 100.0 * right / std::max(total, 1), 100.0 * worst,
+        (right * 10 >= total * 9 && worst <= 0.10) ? "met" : "not met");
+    std::printf(
+        "%*s  where every run decided (%d shapes; the rest are ties within noise): %d right (%.0f%%), largest "
+        "miss %.1f%%\n",
+        int(std::string(name).size()), "", decided, right_decided, 100.0 * right_decided / std::max(decided, 1),
+        100.0 * worst_decided);
   }
 };
 
@@ -269,8 +272,10 @@ bool take_option(const std::string& arg, const std::string& value, Options& o) {
   }
   if (arg == "--heads") {
     if (parse_heads(value, o.heads)) return true;
-    std::fprintf(stderr, "attention_exchange: --heads %s is not allowed; allowed: H/K pairs, comma separated, K "
-                         "dividing H (e.g. 16/8,4/4)\n%s", value.c_str(), kUsage);
+    std::fprintf(stderr,
+                 "attention_exchange: --heads %s is not allowed; allowed: H/K pairs, comma separated, K "
+                 "dividing H (e.g. 16/8,4/4)\n%s",
+                 value.c_str(), kUsage);
     return false;
   }
   std::vector<std::int64_t>* target = arg == "--devices"     ? &o.devices
@@ -281,8 +286,10 @@ bool take_option(const std::string& arg, const std::string& value, Options& o) {
                                                              : nullptr;
   const bool one_value_only = target == &o.runs_list || target == &o.min_ms_list;
   if (target != nullptr && parse_list(value, *target) && !(one_value_only && target->size() != 1)) return true;
-  std::fprintf(stderr, "attention_exchange: %s %s is not allowed; allowed: positive whole numbers, comma "
-                       "separated (--runs, --min-ms: one)\n%s", arg.c_str(), value.c_str(), kUsage);
+  std::fprintf(stderr,
+               "attention_exchange: %s %s is not allowed; allowed: positive whole numbers, comma "
+               "separated (--runs, --min-ms: one)\n%s",
+               arg.c_str(), value.c_str(), kUsage);
   return false;
 }
 
@@ -294,8 +301,9 @@ bool enough_gpus(const Options& o) {
   const cudaError_t status = cudaGetDeviceCount(&gpus);
   const std::int64_t most = *std::max_element(o.devices.begin(), o.devices.end());
   if (status == cudaSuccess && gpus >= most) return true;
-  std::fprintf(stderr, "attention_exchange: --backend nccl with --devices %lld needs %lld GPUs (one NCCL rank per "
-                       "GPU); this machine has %s\n",
+  std::fprintf(stderr,
+               "attention_exchange: --backend nccl with --devices %lld needs %lld GPUs (one NCCL rank per "
+               "GPU); this machine has %s\n",
                static_cast<long long>(most), static_cast<long long>(most),
                status != cudaSuccess ? (std::string("none: ") + cudaGetErrorString(status)).c_str()
                                      : std::to_string(gpus).c_str());
@@ -310,24 +318,27 @@ void print_header(const Options& o, int runs, double min_seconds) {
   std::printf("sequence-parallel exchanges over a CPU pool: N thread-ranks, %s, fp32, batch 1\n",
               o.backend == Backend::kNccl ? "NCCL ranks (rank r on GPU r; the kernel on the CPU, host <-> GPU copies)"
                                           : "Gloo over loopback TCP");
-  std::printf("time: forward + backward of one call, slowest rank, median of %d runs after 1 warm-up, a run being as "
-              "many back-to-back calls as fill %.0f ms; exchanges interleaved per run\n",
-              runs, 1000.0 * min_seconds);
-  std::printf("rules: 'design' = the design page's (gather kernel dense-bias: masked calls take the all-to-all); "
-              "'cpu' = for Dew's CPU kernel (skips-masked-blocks: bytes decide)\n");
+  std::printf(
+      "time: forward + backward of one call, slowest rank, median of %d runs after 1 warm-up, a run being as "
+      "many back-to-back calls as fill %.0f ms; exchanges interleaved per run\n",
+      runs, 1000.0 * min_seconds);
+  std::printf(
+      "rules: 'design' = the design page's (gather kernel dense-bias: masked calls take the all-to-all); "
+      "'cpu' = for Dew's CPU kernel (skips-masked-blocks: bytes decide)\n");
   // Under a true tie each interleaved run picks a winner by a coin toss, so
   // all R agree by chance with probability 2 / 2^R: the '?' test's false
   // "decided" rate.
-  std::printf("faster: by median; '?' where the counted runs disagree on which is faster (a tie within noise; a true "
-              "tie passes as decided with chance 2/2^%d = %.0f%%)\n\n",
-              runs, 100.0 * 2.0 / std::ldexp(1.0, runs));
+  std::printf(
+      "faster: by median; '?' where the counted runs disagree on which is faster (a tie within noise; a true "
+      "tie passes as decided with chance 2/2^%d = %.0f%%)\n\n",
+      runs, 100.0 * 2.0 / std::ldexp(1.0, runs));
   std::printf("%-2s %-4s %-6s %-6s %-7s %11s %11s %-11s %-11s %7s %-11s %7s\n", "N", "D", "heads", "length", "mask",
               "all-to-all", "gather", "faster", "design rule", "miss", "cpu rule", "miss");
 }
 
 // One shape of the grid: both exchanges timed, one row, each rule scored.
-void run_shape(const Shape& shape, int n, int head_dim, int runs, double min_seconds, Backend backend,
-               Score& design, Score& cpu) {
+void run_shape(const Shape& shape, int n, int head_dim, int runs, double min_seconds, Backend backend, Score& design,
+               Score& cpu) {
   Call call;
   call.heads = shape.heads;
   call.kv_heads = shape.kv_heads;

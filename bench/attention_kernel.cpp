@@ -21,16 +21,14 @@
 #include <string>
 #include <vector>
 
-#include "dew/median.h"
 #include "dew/attention.h"
+#include "dew/median.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 std::vector<float> random_values(std::size_t n, unsigned seed) {
   std::mt19937 gen(seed);
@@ -47,8 +45,7 @@ double sgemm_gflops(int n, int runs) {
   std::vector<double> rates;
   for (int r = runs > 0 ? 0 : 1; r <= std::max(runs, 1); ++r) {
     const auto start = Clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(),
-                n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
     const double s = seconds_since(start);
     if (r > 0) rates.push_back(2.0 * n * n * double(n) / s / 1e9);
   }
@@ -133,14 +130,22 @@ bool parse(int argc, char** argv, Options& o) {
     if (i + 1 >= argc) return false;
     const long long value = std::atoll(argv[++i]);
     if (value < 1) return false;
-    if (arg == "--length") o.length = value;
-    else if (arg == "--heads") o.heads = int(value);
-    else if (arg == "--kv-heads") o.kv_heads = int(value);
-    else if (arg == "--head-dim") o.head_dim = int(value);
-    else if (arg == "--runs") o.runs = int(value);
-    else if (arg == "--query-block") o.query_block = int(value);
-    else if (arg == "--key-block") o.key_block = int(value);
-    else return false;
+    if (arg == "--length")
+      o.length = value;
+    else if (arg == "--heads")
+      o.heads = int(value);
+    else if (arg == "--kv-heads")
+      o.kv_heads = int(value);
+    else if (arg == "--head-dim")
+      o.head_dim = int(value);
+    else if (arg == "--runs")
+      o.runs = int(value);
+    else if (arg == "--query-block")
+      o.query_block = int(value);
+    else if (arg == "--key-block")
+      o.key_block = int(value);
+    else
+      return false;
   }
   return true;
 }

@@ -86,8 +86,7 @@ void gloo_all_reduce(Rank& r, std::vector<float>& data) {
   gloo::AllreduceOptions options(r.gloo);
   options.setOutput(data.data(), data.size());
   options.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
-  options.setReduceFunction(
-      static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+  options.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
   gloo::allreduce(options);
 }
 
@@ -166,8 +165,8 @@ struct Timings {
     std::sort(ratios.begin(), ratios.end());
     const auto quartile = [&](std::size_t q) { return ratios[(ratios.size() - 1) * q / 4]; };
     std::printf("%5d %10ld  %-15s %10.1f %10.1f %10.1f %10.1f %6.2f  %4.2f-%4.2f %6.2f\n", ranks, bytes, c.name,
-                d * 1e6, c.bus / d / 1e6, g * 1e6, c.gloo_bus / g / 1e6, dew::median(ratios), quartile(1),
-                quartile(3), dew::median(cpu_ratios));
+                d * 1e6, c.bus / d / 1e6, g * 1e6, c.gloo_bus / g / 1e6, dew::median(ratios), quartile(1), quartile(3),
+                dew::median(cpu_ratios));
     std::fflush(stdout);
   }
 };

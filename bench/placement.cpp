@@ -220,9 +220,10 @@ void exact_search_sweep(const Options& o) {
       }
     }
   }
-  std::printf("  exact search, slowest of %d runs (9-%d devices, %u random matrices each, every distinct shape): "
-              "%.6f s (%s)\n",
-              searches, largest, matrices, slowest, where.c_str());
+  std::printf(
+      "  exact search, slowest of %d runs (9-%d devices, %u random matrices each, every distinct shape): "
+      "%.6f s (%s)\n",
+      searches, largest, matrices, slowest, where.c_str());
 }
 
 void against_brute_force(const Options& o, const std::vector<Case>& fixtures) {
@@ -294,8 +295,9 @@ Matrix boxes_of(const std::string& kind, int boxes, unsigned seed) {
 }
 
 void multi_box(const Options& o) {
-  std::printf("\nboxes of 8 joined by 6.3 GB/s links: inner axes' slowest link (GB/s), placed against one box's "
-              "exact best and the id order; median time\n");
+  std::printf(
+      "\nboxes of 8 joined by 6.3 GB/s links: inner axes' slowest link (GB/s), placed against one box's "
+      "exact best and the id order; median time\n");
   std::printf("  %-9s %5s %-9s %-28s %-22s %-22s %-22s %9s\n", "box", "boxes", "ids", "mesh", "placed",
               "one box, exact", "id order", "time");
   for (const std::string kind : {"nvswitch", "dgx1", "quads"}) {
@@ -304,12 +306,11 @@ void multi_box(const Options& o) {
         const int n = 8 * boxes;
         const Matrix m = boxes_of(kind, boxes, seed);
         const Matrix one = boxes_of(kind, 1, 0);
-        for (const MeshShape& shape : {MeshShape{n / 2, 1, 1, 1, 2, 1}, MeshShape{n / 4, 1, 1, 1, 4, 1},
-                                       MeshShape{n / 4, 1, 1, 1, 2, 2}, MeshShape{n / 8, 1, 1, 1, 4, 2},
-                                       MeshShape{n / 8, 1, 1, 1, 2, 4}}) {
+        for (const MeshShape& shape :
+             {MeshShape{n / 2, 1, 1, 1, 2, 1}, MeshShape{n / 4, 1, 1, 1, 4, 1}, MeshShape{n / 4, 1, 1, 1, 2, 2},
+              MeshShape{n / 8, 1, 1, 1, 4, 2}, MeshShape{n / 8, 1, 1, 1, 2, 4}}) {
           std::vector<int> order;
-          const double seconds =
-              median_seconds(o.runs, [&] { order = dew::mesh::place(m, n, shape).order; });
+          const double seconds = median_seconds(o.runs, [&] { order = dew::mesh::place(m, n, shape).order; });
           const MeshShape inner{8 / (shape[4] * shape[5]), 1, 1, 1, shape[4], shape[5]};
           const Score best = dew::mesh::score_layout(one, 8, inner, dew::mesh::place(one, 8, inner).order);
           const Score placed = dew::mesh::score_layout(m, n, shape, order);

@@ -79,7 +79,6 @@ void measure_device(const CheckOptions& o, const CheckSetup& setup, runtime::Poo
 // process's folded into the table process 0 prints. Returns whether every
 // exchange ran within the tolerance.
 std::string serialize(const std::map<Exchange, std::vector<Measured>>& measured);
-bool print_report(const CheckOptions& o, const CheckSetup& setup, const std::vector<std::string>& reports,
-                  bool print);
+bool print_report(const CheckOptions& o, const CheckSetup& setup, const std::vector<std::string>& reports, bool print);
 
 }  // namespace dew::cli

@@ -17,9 +17,9 @@
 #include <thread>
 
 #include "attention_check.h"
-#include "dew/text.h"
 #include "commands.h"
 #include "dew/median.h"
+#include "dew/text.h"
 
 namespace dew::cli {
 namespace {
@@ -58,15 +58,14 @@ void fold_line(const std::string& line, std::size_t process, std::map<std::strin
   }
 }
 
-void print_table(const CheckOptions& o, const CheckSetup& s, std::map<std::string, ExchangeSummary>& summary,
-                 bool ok) {
+void print_table(const CheckOptions& o, const CheckSetup& s, std::map<std::string, ExchangeSummary>& summary, bool ok) {
   const int devices = s.processes * o.devices_per_process;
-  std::printf("attention check: %s (%s x %d), mesh %s; batch %d, heads %d/%d, length %lld, head "
-              "dim %d, mask %s, fp32 against fp64\n",
-              counted(devices, "device").c_str(), counted(s.processes, "process", "processes").c_str(),
-              o.devices_per_process,
-              mesh::format_mesh_spec(s.spec).c_str(), o.batch, o.heads, o.kv_heads, static_cast<long long>(o.length),
-              o.head_dim, attention::format_mask_kind(s.mask).c_str());
+  std::printf(
+      "attention check: %s (%s x %d), mesh %s; batch %d, heads %d/%d, length %lld, head "
+      "dim %d, mask %s, fp32 against fp64\n",
+      counted(devices, "device").c_str(), counted(s.processes, "process", "processes").c_str(), o.devices_per_process,
+      mesh::format_mesh_spec(s.spec).c_str(), o.batch, o.heads, o.kv_heads, static_cast<long long>(o.length),
+      o.head_dim, attention::format_mask_kind(s.mask).c_str());
   std::printf("rule: %s (%s)\n", exchange_text(s.plan.exchange).c_str(), s.plan.reason.c_str());
   for (const std::string& why : s.skipped) std::printf("skipped: %s\n", why.c_str());
   std::printf("\n%-11s %16s %16s  %s\n", "exchange", "forward+backward", "relative error", "");
@@ -81,9 +80,10 @@ void print_table(const CheckOptions& o, const CheckSetup& s, std::map<std::strin
     std::printf("%-11s %14.4f s %16.2e  %s\n", exchange_text(e).c_str(), medians[exchange_text(e)], x.error,
                 x.error <= o.tolerance ? "ok" : "TOO LARGE");
   }
-  std::printf("\ntime: the slowest device's, median of %d runs after one checked call; error: largest over out, "
-              "lse, dq, dk, dv on every device (normwise), tolerance %.0e\n",
-              o.runs, o.tolerance);
+  std::printf(
+      "\ntime: the slowest device's, median of %d runs after one checked call; error: largest over out, "
+      "lse, dq, dk, dv on every device (normwise), tolerance %.0e\n",
+      o.runs, o.tolerance);
   if (medians.size() == 2) {
     const double a = medians["all-to-all"], g = medians["gather"];
     std::printf("faster here: %s, by %.1f %%; the rule picked %s\n", a <= g ? "all-to-all" : "gather",
@@ -143,8 +143,7 @@ std::string serialize(const std::map<Exchange, std::vector<Measured>>& measured)
   return out.str();
 }
 
-bool print_report(const CheckOptions& o, const CheckSetup& setup, const std::vector<std::string>& reports,
-                  bool print) {
+bool print_report(const CheckOptions& o, const CheckSetup& setup, const std::vector<std::string>& reports, bool print) {
   std::map<std::string, ExchangeSummary> summary;
   for (std::size_t process = 0; process < reports.size(); ++process) {
     std::istringstream lines(reports[process]);
@@ -162,8 +161,9 @@ void add_attention_check_command(CLI::App& app) {
       "attention-check",
       "Run sequence-parallel attention across this pool (every process runs it, e.g. under srun --dew-pool): "
       "check both exchanges against whole-sequence attention in fp64 and time them");
-  command->add_option("--devices-per-process", o->devices_per_process,
-                      "CPU devices per process, one thread each (default 1)")
+  command
+      ->add_option("--devices-per-process", o->devices_per_process,
+                   "CPU devices per process, one thread each (default 1)")
       ->check(CLI::Range(1, 64));
   command->add_option("--mesh", o->mesh,
                       "MeshSpec over all devices, e.g. tensor=2,sequence=4 (default: sequence = every device)");

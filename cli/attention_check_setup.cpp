@@ -6,8 +6,8 @@
 #include <random>
 
 #include "attention_check.h"
-#include "dew/text.h"
 #include "dew/axes.h"
+#include "dew/text.h"
 
 namespace dew::cli {
 namespace {
@@ -155,8 +155,8 @@ Result<CheckSetup> prepare_check(const CheckOptions& o, int processes, int rank)
   // Masked calls cut the sequence into 2N chunks (device i: chunks i and
   // 2N-1-i) so every device does the same work; that needs 2N to divide it.
   const bool masked = s.mask.kind != attention::MaskKind::kNone;
-  s.shard_layout = masked && o.length % (2 * s.sequence) == 0 ? attention::Layout::kChunkPairs
-                                                               : attention::Layout::kContiguous;
+  s.shard_layout =
+      masked && o.length % (2 * s.sequence) == 0 ? attention::Layout::kChunkPairs : attention::Layout::kContiguous;
   s.whole = make_whole(o, s.mask.kind == attention::MaskKind::kDocuments);
   for (int d = 0; d < o.devices_per_process; ++d) {
     const int device = mesh::cpu_device_id(rank, o.devices_per_process, d);
@@ -235,7 +235,8 @@ void measure_device(const CheckOptions& o, const CheckSetup& s, runtime::Pool& p
     if (r % 2 == 1) std::reverse(order.begin(), order.end());
     for (const Exchange e : order) {
       auto seconds = once(e);
-      if (!seconds.ok()) return record_failure(std::string(attention::exchange_name(e)) + ": " + seconds.error().message);
+      if (!seconds.ok())
+        return record_failure(std::string(attention::exchange_name(e)) + ": " + seconds.error().message);
       measured.at(e)->seconds.push_back(seconds.value());
     }
   }

@@ -5,8 +5,8 @@
 #include <memory>
 #include <string>
 
-#include "dew/attention.h"
 #include "commands.h"
+#include "dew/attention.h"
 
 namespace dew::cli {
 namespace {
@@ -54,10 +54,10 @@ int run(PlanOptions options) {
   const attention::Plan& p = plan.value();
   std::cout << "exchange  " << attention::exchange_name(p.exchange) << "\n"
             << "reason    " << p.reason << "\n"
-            << "call      heads " << call.heads << ", kv heads " << call.kv_heads << ", length "
-            << call.query_length << ", kv length " << call.key_length << ", sequence " << call.sequence
-            << ", tensor " << call.tensor << ", mask " << attention::format_mask_kind(call.mask) << ", head dim "
-            << call.head_dim << ", " << call.bytes_per_value << " bytes per value, gather kernel "
+            << "call      heads " << call.heads << ", kv heads " << call.kv_heads << ", length " << call.query_length
+            << ", kv length " << call.key_length << ", sequence " << call.sequence << ", tensor " << call.tensor
+            << ", mask " << attention::format_mask_kind(call.mask) << ", head dim " << call.head_dim << ", "
+            << call.bytes_per_value << " bytes per value, gather kernel "
             << attention::gather_kernel_name(call.gather_kernel) << "\n"
             << "heads     per tensor shard: " << p.shard_heads << " query, " << p.shard_kv_heads << " key";
   if (p.all_to_all.can_run) std::cout << "; the all-to-all repeats key heads to K' = " << p.repeated_kv_heads;

@@ -25,8 +25,8 @@ struct Report {
   bool has_secret = false;     // 64 hex digits, as the plugin and dew launch give
   std::string secret_problem;  // what is wrong with a DEW_POOL_SECRET that is there
   std::string backend = "none (one process alone)";
-  std::string coordinator;  // host:port, or empty
-  std::string problem;      // why join() would refuse, or empty
+  std::string coordinator;                              // host:port, or empty
+  std::string problem;                                  // why join() would refuse, or empty
   nlohmann::json jax = nlohmann::json::object();        // jax.distributed.initialize's arguments
   nlohmann::json variables = nlohmann::json::object();  // the variables a JAX script sees
 };
@@ -62,7 +62,8 @@ Result<Report> resolve(const EnvOptions& options) {
     r.backend = i.pmix ? "pmix+tcp: all_gather over PMIx fences; agreements, key-value and failures over process 0's "
                          "coordination service (address and secret shared over PMIx)"
                        : "tcp: process 0's coordination service";
-    if (!i.pmix && !i.coordinator) r.problem = "no coordinator: join() will refuse; set DEW_COORDINATOR_ADDRESS=host:port";
+    if (!i.pmix && !i.coordinator)
+      r.problem = "no coordinator: join() will refuse; set DEW_COORDINATOR_ADDRESS=host:port";
     if (!i.pmix && !r.has_secret && r.secret_problem.empty()) {
       r.problem = "DEW_POOL_SECRET is not set: join() will refuse (srun --dew-pool and dew launch set it)";
     }
@@ -118,8 +119,9 @@ void print_text(const Report& r) {
             << (id.coordinator_from.empty() ? "" : " (from " + id.coordinator_from + ")") << "\n"
             << "backend:      " << r.backend << "\n"
             << "pool secret:  "
-            << (r.has_secret ? "set (DEW_POOL_SECRET, 64 hex digits)"
-                             : r.secret_problem.empty() ? "not set" : "not usable: " + r.secret_problem)
+            << (r.has_secret               ? "set (DEW_POOL_SECRET, 64 hex digits)"
+                : r.secret_problem.empty() ? "not set"
+                                           : "not usable: " + r.secret_problem)
             << "\n"
             << "patience:     agreements " << seconds(r.settings.agreement_patience) << ", heartbeats "
             << seconds(r.settings.heartbeat_timeout) << ", failure grace " << seconds(r.settings.failure_grace) << "\n"
@@ -130,7 +132,8 @@ void print_text(const Report& r) {
     std::cout << join(args, ", ") << ")";
   }
   std::cout << "\nvariables:\n";
-  for (const auto& [name, value] : r.variables.items()) std::cout << "  " << name << "=" << value.get<std::string>() << "\n";
+  for (const auto& [name, value] : r.variables.items())
+    std::cout << "  " << name << "=" << value.get<std::string>() << "\n";
 }
 
 int run(const EnvOptions& options) {

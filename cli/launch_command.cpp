@@ -34,10 +34,10 @@
 #include "dew/launch_plan.h"
 #include "dew/log.h"
 #include "dew/process.h"
+#include "dew/supervisor.h"
 #include "dew/text.h"
 #include "dew/watchdog.h"
 #include "launch_edge.h"
-#include "dew/supervisor.h"
 
 namespace dew::cli {
 namespace {
@@ -49,7 +49,6 @@ using namespace std::chrono_literals;
 // SIGTERM, then SIGKILL this long after: short, so that a failed pool is
 // gone at once (a stopped process gets this long to flush and exit).
 constexpr auto kGrace = timings::kLaunchStopGrace;
-
 
 // The words after the first "--" that follows the `launch` word of this
 // process's own command line (Linux: /proc/self/cmdline), if there is one.
@@ -73,16 +72,15 @@ std::string local_hostname() {
   return name;
 }
 
-
-
 // The options as the user gave them, checked: the plan's options and --env.
 OrStop<std::vector<launch::EnvVar>> checked_options(LaunchArgs& args) {
   launch::LaunchOptions& o = args.options;
   if (auto written = command_after_separator(); written && *written != o.command) {
-    return Stop{"cannot tell the command from dew launch's own options: CLI11 ended --hosts at -- and then read "
-                "the command's first words as options; put another option between the last host and --, such as "
-                "--hosts node0 node1 --processes-per-host 1 -- CMD",
-                2};
+    return Stop{
+        "cannot tell the command from dew launch's own options: CLI11 ended --hosts at -- and then read "
+        "the command's first words as options; put another option between the last host and --, such as "
+        "--hosts node0 node1 --processes-per-host 1 -- CMD",
+        2};
   }
   o.processes_per_host = args.processes_per_host;
   if (args.watchdog_option->count() > 0) {
@@ -188,9 +186,9 @@ int run_launch(LaunchArgs& args) {
   }
   if (!o.cwd.empty() && launch::all_local(o) &&
       !std::filesystem::is_directory(plan.value().processes.front().cwd, error)) {
-    return fail(Stop{"--cwd: " + launch::shown(o.cwd) +
-                         " is not a directory here; allowed: a directory that exists on every host",
-                     2});
+    return fail(Stop{
+        "--cwd: " + launch::shown(o.cwd) + " is not a directory here; allowed: a directory that exists on every host",
+        2});
   }
   if (o.private_dirs) log_info("private directories: " + facts.private_root + "/<rank>/{work,home,cache} on each host");
   launch::Supervisor supervisor(std::chrono::duration_cast<std::chrono::milliseconds>(kGrace));

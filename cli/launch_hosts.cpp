@@ -19,8 +19,8 @@
 #include "dew/hex.h"
 #include "dew/log.h"
 #include "dew/process.h"
-#include "launch_edge.h"
 #include "dew/supervisor.h"
+#include "launch_edge.h"
 
 namespace dew::cli {
 namespace {
@@ -150,7 +150,8 @@ std::optional<Stop> gather_host_facts(const LaunchArgs& args, launch::LaunchFact
     }
     const bool port = ask_port && host == hosts.front();
     if (args.dry_run) {
-      if (devices) facts.devices[host] = {std::nullopt, static_cast<unsigned>(o.processes_per_host * *o.devices_per_process)};
+      if (devices)
+        facts.devices[host] = {std::nullopt, static_cast<unsigned>(o.processes_per_host * *o.devices_per_process)};
       continue;
     }
     if (port || devices) asked.emplace_back(host, std::async(std::launch::async, ask_host, o, host, port, devices));
@@ -163,7 +164,6 @@ std::optional<Stop> gather_host_facts(const LaunchArgs& args, launch::LaunchFact
   }
   return std::nullopt;
 }
-
 
 std::string last_line(const std::string& text) {
   std::string t = text;

@@ -13,8 +13,8 @@
 #include "dew/hostlist.h"
 #include "dew/log.h"
 #include "dew/process.h"
-#include "launch_edge.h"
 #include "dew/supervisor.h"
+#include "launch_edge.h"
 
 namespace dew::cli {
 namespace {
@@ -54,9 +54,9 @@ int run_slurm(const launch::LaunchOptions& options, const std::vector<launch::En
   help_options.argv = {"srun", "--help"};
   auto help = capture(help_options, 30s);
   if (!help.ok() || !WIFEXITED(help.value().wait_status) || WEXITSTATUS(help.value().wait_status) != 0) {
-    const std::string why = help.ok() ? "ended with " + describe_wait_status(help.value().wait_status) + ": " +
-                                            last_line(help.value().err)
-                                      : help.error().message;
+    const std::string why =
+        help.ok() ? "ended with " + describe_wait_status(help.value().wait_status) + ": " + last_line(help.value().err)
+                  : help.error().message;
     log_error("--slurm: `srun --help` failed (" + why + "); is Slurm's srun on PATH?");
     return 1;
   }
@@ -74,7 +74,8 @@ int run_slurm(const launch::LaunchOptions& options, const std::vector<launch::En
   // The additions first; a user's XLA_FLAGS is in the merged one already.
   auto all_env = added.value();
   for (const auto& entry : env) {
-    const bool merged = std::any_of(all_env.begin(), all_env.end(), [&](const auto& a) { return a.first == entry.first; });
+    const bool merged =
+        std::any_of(all_env.begin(), all_env.end(), [&](const auto& a) { return a.first == entry.first; });
     if (!merged) all_env.push_back(entry);
   }
   if (dry_run) {

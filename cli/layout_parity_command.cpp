@@ -56,7 +56,8 @@ int run(const ParityArgs& a) {
   if (a.devices < 1 || a.steps < 1 || !(a.factor >= 1)) {
     return report(invalid_argument("--devices " + std::to_string(a.devices) + ", --steps " + std::to_string(a.steps) +
                                    " and --factor " + std::to_string(a.factor) +
-                                   ": allowed: devices and steps from 1, a factor from 1"), 2);
+                                   ": allowed: devices and steps from 1, a factor from 1"),
+                  2);
   }
   auto joined = join_with_cpu_devices();
   if (!joined.ok()) return report(joined.error());
@@ -64,7 +65,8 @@ int run(const ParityArgs& a) {
   if (a.devices % pool.size() != 0) {
     return report(invalid_argument("--devices " + std::to_string(a.devices) + " does not split over " +
                                    counted(pool.size(), "process", "processes") + "; allowed: a multiple of " +
-                                   std::to_string(pool.size())), 2);
+                                   std::to_string(pool.size())),
+                  2);
   }
   train::WorkerOptions o;
   o.devices_per_process = a.devices / pool.size();

@@ -1,7 +1,7 @@
 // The `dew` command: one binary, one subcommand per job.
-#include <CLI/CLI.hpp>
 #include <cblas.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
@@ -9,8 +9,8 @@
 #include <iostream>
 
 #include "commands.h"
-#include "dew/text.h"
 #include "dew/log.h"
+#include "dew/text.h"
 
 namespace dew::cli {
 
@@ -66,8 +66,9 @@ int main(int argc, char** argv) {
   CLI::App app{"Dew: start, lay out and fail well on multi-node training pools", "dew"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("dew ") + DEW_VERSION);
-  app.footer("Environment: DEW_LOG_LEVEL=trace|debug|info|warn|error|off sets which lines dew and libdew write "
-             "to stderr (default info).");
+  app.footer(
+      "Environment: DEW_LOG_LEVEL=trace|debug|info|warn|error|off sets which lines dew and libdew write "
+      "to stderr (default info).");
   dew::cli::add_topo_command(app);
   dew::cli::add_mesh_command(app);
   dew::cli::add_env_command(app);

@@ -40,8 +40,8 @@ Result<std::vector<int>> parse_devices(const std::string& text) {
     const auto id = entry.size() <= 9 ? parse_whole<int>(entry) : std::nullopt;
     if (!id) {
       return invalid_argument("--devices: '" + entry + "' in '" + text +
-                   "' is not allowed; allowed: device ids (whole numbers >= 0) separated by commas, such as "
-                   "0,2,1,3");
+                              "' is not allowed; allowed: device ids (whole numbers >= 0) separated by commas, such as "
+                              "0,2,1,3");
     }
     ids.push_back(*id);
   }
@@ -53,9 +53,9 @@ Result<mesh::DeviceGraph> load_graph(const MeshOptions& options) {
     if (options.processes < 1 || options.devices_per_process < 1 ||
         options.processes > kMaxPoolDevices / options.devices_per_process) {
       return invalid_argument("--processes " + std::to_string(options.processes) + " x --devices-per-process " +
-                   std::to_string(options.devices_per_process) +
-                   " is not allowed; allowed: whole numbers >= 1 with at most " + std::to_string(kMaxPoolDevices) +
-                   " devices in all");
+                              std::to_string(options.devices_per_process) +
+                              " is not allowed; allowed: whole numbers >= 1 with at most " +
+                              std::to_string(kMaxPoolDevices) + " devices in all");
     }
     return mesh::cpu_pool(options.processes, options.devices_per_process);
   }
@@ -65,8 +65,8 @@ Result<mesh::DeviceGraph> load_graph(const MeshOptions& options) {
   if (!loaded.ok()) return loaded.error();
   if (loaded.value().gpus.empty()) {
     return unavailable((file.empty() ? std::string("this machine") : file) +
-                 " has no GPUs to lay out; give --topology FILE for another machine, or --processes P "
-                 "--devices-per-process D for a CPU pool");
+                       " has no GPUs to lay out; give --topology FILE for another machine, or --processes P "
+                       "--devices-per-process D for a CPU pool");
   }
   return axes::machine_graph(loaded.value());
 }
@@ -100,8 +100,8 @@ void print_text(const mesh::Mesh& mesh, std::ostream& out) {
     std::string names;
     for (const auto& name : mesh.granules) names += (names.empty() ? "" : " ") + name;
     out << " (" << (mesh.exact ? "exact" : "heuristic") << " placement): " << mesh.granules.size()
-        << (mesh.granules.size() == 1 ? " granule" : " granules") << " of " << mesh::format_mesh_shape(mesh.granule_shape) << " ("
-        << names << ")\n";
+        << (mesh.granules.size() == 1 ? " granule" : " granules") << " of "
+        << mesh::format_mesh_shape(mesh.granule_shape) << " (" << names << ")\n";
   }
   out << "devices   " << list(mesh.devices) << "\n";
   out << "processes " << list(mesh.processes) << "\n";

@@ -6,10 +6,9 @@
 #include <exception>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "dew/topology.h"
@@ -77,8 +76,8 @@ void print_text(std::ostream& out, const Topology& topology) {
     out << "\nGPU\tPCI bus id\tNUMA\tModel\n";
     for (const Gpu& gpu : topology.gpus) {
       out << "GPU" << gpu.index << "\t" << (gpu.pci_bus_id.empty() ? "N/A" : gpu.pci_bus_id) << "\t"
-          << (gpu.numa_node ? std::to_string(*gpu.numa_node) : "N/A") << "\t"
-          << (gpu.model.empty() ? "N/A" : gpu.model) << "\n";
+          << (gpu.numa_node ? std::to_string(*gpu.numa_node) : "N/A") << "\t" << (gpu.model.empty() ? "N/A" : gpu.model)
+          << "\n";
     }
 
     out << "\nBandwidth estimates, GB/s one way (NV#: links x per-link rate; PCIe: a share of the link):\n";
@@ -136,8 +135,7 @@ nlohmann::json to_json(const Topology& topology) {
 }
 
 int run(const TopoOptions& options) {
-  auto loaded =
-      options.topology.empty() ? topology::detect_topology() : topology::load_topology_file(options.topology);
+  auto loaded = options.topology.empty() ? topology::detect_topology() : topology::load_topology_file(options.topology);
   if (!loaded.ok()) return report(loaded.error());
   std::ostringstream out;
   if (options.json) {
@@ -153,9 +151,10 @@ int run(const TopoOptions& options) {
 
 void add_topo_command(CLI::App& app) {
   auto options = std::make_shared<TopoOptions>();
-  CLI::App* topo = app.add_subcommand(
-      "topo", "Show the GPU topology: path classes as `nvidia-smi topo -m` prints them, NUMA affinity, "
-              "the granule and bandwidth estimates");
+  CLI::App* topo =
+      app.add_subcommand("topo",
+                         "Show the GPU topology: path classes as `nvidia-smi topo -m` prints them, NUMA affinity, "
+                         "the granule and bandwidth estimates");
   topo->add_option("--topology", options->topology,
                    "Read FILE instead of this machine: hwloc XML (v1 or v2), NCCL topology XML "
                    "(NCCL_TOPO_FILE), or the saved text of `nvidia-smi topo -m`")

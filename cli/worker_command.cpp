@@ -23,7 +23,7 @@ struct WorkerArgs {
   train::WorkerOptions options;
   std::string dtype = "fp32";
   std::string out;
-  std::string watchdog;  // empty: DEW_WATCHDOG, else 30m
+  std::string watchdog;   // empty: DEW_WATCHDOG, else 30m
   std::string cache_dir;  // empty: train::default_cache_dir(); "off": none
   std::string drill;
 };
@@ -33,8 +33,8 @@ Result<Done> resolve(WorkerArgs& a) {
   if (a.dtype != "fp32" && a.dtype != "fp64") return not_allowed("--dtype", a.dtype, "fp32 or fp64");
   a.options.dtype = a.dtype == "fp64" ? train::Dtype::kFloat64 : train::Dtype::kFloat32;
   const char* inherited = std::getenv("DEW_WATCHDOG");
-  auto watchdog = chosen_watchdog(a.watchdog, "--watchdog",
-                                  inherited ? std::optional<std::string>(inherited) : std::nullopt);
+  auto watchdog =
+      chosen_watchdog(a.watchdog, "--watchdog", inherited ? std::optional<std::string>(inherited) : std::nullopt);
   if (!watchdog.ok()) return watchdog.error();
   a.options.step_bound.reset();
   if (watchdog.value()) a.options.step_bound = *watchdog.value();
@@ -77,13 +77,13 @@ int run(WorkerArgs& a) {
              groups_text(m.groups[static_cast<int>(mesh::Axis::kFsdp)].processes));
   }
   if (a.options.drill.kind != train::Drill::Kind::kNone && a.options.drill.rank >= pool.size()) {
-    return report(invalid_argument("--drill " + a.drill + ": there is no process " +
-                                   std::to_string(a.options.drill.rank) + " in a pool of " +
-                                   std::to_string(pool.size())), 2);
+    return report(
+        invalid_argument("--drill " + a.drill + ": there is no process " + std::to_string(a.options.drill.rank) +
+                         " in a pool of " + std::to_string(pool.size())),
+        2);
   }
-  auto result = train::run_worker(pool, a.options, [&](const train::StepRecord& s) {
-    log_info(progress_line(s, a.options.steps, tokens));
-  });
+  auto result = train::run_worker(
+      pool, a.options, [&](const train::StepRecord& s) { log_info(progress_line(s, a.options.steps, tokens)); });
   if (!result.ok()) return report(result.error());
   if (pool.rank() == 0 && !a.out.empty()) {
     if (auto written = write_file_atomically(a.out, train::report_json(result.value(), a.options)); !written.ok()) {

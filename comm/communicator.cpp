@@ -77,9 +77,9 @@ std::optional<Error> Communicator::check_all_gather(std::size_t send, std::size_
 std::optional<Error> Communicator::check_reduce_scatter(std::size_t send, std::size_t recv) const {
   const auto n = static_cast<std::size_t>(size());
   if (send == recv * n) return std::nullopt;
-  return invalid_argument("reduce_scatter: " + std::to_string(send) + " values to send is not allowed; allowed: " +
-                          std::to_string(n) + " ranks x " + std::to_string(recv) + " received = " +
-                          std::to_string(recv * n));
+  return invalid_argument("reduce_scatter: " + std::to_string(send) +
+                          " values to send is not allowed; allowed: " + std::to_string(n) + " ranks x " +
+                          std::to_string(recv) + " received = " + std::to_string(recv * n));
 }
 
 Result<Done> Communicator::reduce_scatter(std::span<const float> send, std::span<float> recv) {

@@ -43,7 +43,6 @@ class FunctionStore : public gloo::rendezvous::Store {
   KeyValue kv_;
 };
 
-
 // Gloo says "Timed out" when a peer never answered within the timeout; any
 // other failure is a peer that cannot be reached (or is gone).
 Error gloo_error(const std::string& what, const std::exception& e) {
@@ -167,7 +166,8 @@ class GlooCommunicator : public Communicator {
       std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> from(static_cast<std::size_t>(n));
       for (int q = 0; q < n; ++q) {
         if (q == r) continue;
-        from[std::size_t(q)] = context_->createUnboundBuffer(incoming.data() + std::size_t(q) * chunk, chunk * sizeof(T));
+        from[std::size_t(q)] =
+            context_->createUnboundBuffer(incoming.data() + std::size_t(q) * chunk, chunk * sizeof(T));
         for (std::size_t s = 0; s < segments.number; ++s) {
           from[std::size_t(q)]->recv(q, slot, segments.offset_bytes(s), segments.bytes(s));
         }
@@ -276,9 +276,8 @@ class GlooCommunicator : public Communicator {
       body();
       return Done{};
     } catch (const std::exception& e) {
-      return gloo_error(std::string(what) + " on rank " + std::to_string(rank()) + " of " + std::to_string(size()) +
-                            " failed: ",
-                        e);
+      return gloo_error(
+          std::string(what) + " on rank " + std::to_string(rank()) + " of " + std::to_string(size()) + " failed: ", e);
     }
   }
   std::shared_ptr<gloo::rendezvous::Context> context_;
@@ -311,9 +310,9 @@ Result<std::unique_ptr<Communicator>> make_gloo_communicator(const GlooOptions& 
     context->connectFullMesh(prefixed, device);
     return std::unique_ptr<Communicator>(std::make_unique<GlooCommunicator>(std::move(context)));
   } catch (const std::exception& e) {
-    return gloo_error("gloo: rank " + std::to_string(options.rank) + " of " + std::to_string(options.size) +
-                          " could not connect: ",
-                      e);
+    return gloo_error(
+        "gloo: rank " + std::to_string(options.rank) + " of " + std::to_string(options.size) + " could not connect: ",
+        e);
   }
 }
 

@@ -2,8 +2,6 @@
 // every CUDA and NCCL status stops here as a one-line Error.
 #include "dew/nccl.h"
 
-#include "dew/text.h"
-
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -13,11 +11,12 @@
 #include <thread>
 #include <vector>
 
+#include "dew/text.h"
+
 namespace dew::comm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
 
 std::string cuda_failed(const char* call, cudaError_t status) {
   return std::string(call) + " failed: " + one_line(cudaGetErrorString(status));
@@ -65,9 +64,8 @@ class NcclCommunicator : public Communicator {
       // peer gone), abort instead of hanging in a destructor.
       bool timed_out = false;
       const ncclResult_t status = ncclCommFinalize(comm_);
-      const bool finalized =
-          (status == ncclSuccess || status == ncclInProgress) &&
-          wait_ready(comm_, Clock::now() + timeout_, "ncclCommFinalize", &timed_out).empty();
+      const bool finalized = (status == ncclSuccess || status == ncclInProgress) &&
+                             wait_ready(comm_, Clock::now() + timeout_, "ncclCommFinalize", &timed_out).empty();
       if (finalized) {
         ncclCommDestroy(comm_);
       } else {
@@ -134,17 +132,16 @@ class NcclCommunicator : public Communicator {
   Result<Done> barrier() override {
     const float one = 1.0f;
     float sum = 0.0f;
-    auto done = run("barrier", std::as_bytes(std::span<const float>(&one, 1)),
-                    std::as_writable_bytes(std::span<float>(&sum, 1)),
-                    [&](const std::byte* in, std::byte* out) -> std::string {
-                      const ncclResult_t status = ncclAllReduce(in, out, 1, ncclFloat, ncclSum, comm_, stream_);
-                      if (status != ncclSuccess && status != ncclInProgress)
-                        return nccl_failed("ncclAllReduce", status, comm_);
-                      return {};
-                    });
+    auto done =
+        run("barrier", std::as_bytes(std::span<const float>(&one, 1)),
+            std::as_writable_bytes(std::span<float>(&sum, 1)), [&](const std::byte* in, std::byte* out) -> std::string {
+              const ncclResult_t status = ncclAllReduce(in, out, 1, ncclFloat, ncclSum, comm_, stream_);
+              if (status != ncclSuccess && status != ncclInProgress) return nccl_failed("ncclAllReduce", status, comm_);
+              return {};
+            });
     if (done.ok() && sum != static_cast<float>(size_)) {
-      return failure("barrier", "the one-element all-reduce gave " + std::to_string(sum) + ", expected " +
-                                    std::to_string(size_));
+      return failure("barrier",
+                     "the one-element all-reduce gave " + std::to_string(sum) + ", expected " + std::to_string(size_));
     }
     return done;
   }
@@ -222,7 +219,8 @@ class NcclCommunicator : public Communicator {
     // Non-blocking NCCL: the enqueue may still be in progress.
     bool timed_out = false;
     if (auto why = wait_ready(comm_, deadline, "the collective's launch", &timed_out); !why.empty()) {
-      if (timed_out) return break_with(what, why + " within " + std::to_string(timeout_.count()) + " ms", ErrorCode::kTimeout);
+      if (timed_out)
+        return break_with(what, why + " within " + std::to_string(timeout_.count()) + " ms", ErrorCode::kTimeout);
       return break_with(what, why);
     }
     // Poll rather than cudaStreamSynchronize, so a peer that never comes ends
@@ -238,10 +236,10 @@ class NcclCommunicator : public Communicator {
         return break_with(what, nccl_failed("the collective (ncclCommGetAsyncError's state)", state, comm_));
       }
       if (Clock::now() >= deadline) {
-        return break_with(what,
-                          "not finished within " + std::to_string(timeout_.count()) +
-                              " ms (a peer that never joined the call?)",
-                          ErrorCode::kTimeout);
+        return break_with(
+            what,
+            "not finished within " + std::to_string(timeout_.count()) + " ms (a peer that never joined the call?)",
+            ErrorCode::kTimeout);
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
@@ -279,7 +277,7 @@ Result<std::unique_ptr<Communicator>> make_nccl_communicator(const NcclOptions& 
   }
   if (options.timeout.count() <= 0) {
     return invalid_argument("nccl: timeout " + std::to_string(options.timeout.count()) +
-                 " ms is not allowed; allowed: more than 0 ms");
+                            " ms is not allowed; allowed: more than 0 ms");
   }
   const std::string key = options.prefix + "/nccl-unique-id";
   const std::string on = who + " (GPU " + std::to_string(options.device) + ")";
@@ -293,7 +291,7 @@ Result<std::unique_ptr<Communicator>> make_nccl_communicator(const NcclOptions& 
     const std::vector<char>& value = got.value();
     if (value.size() != sizeof id) {
       return invalid_argument(on + ": the NCCL unique id under '" + key + "' has " + std::to_string(value.size()) +
-                   " bytes; allowed: " + std::to_string(sizeof id));
+                              " bytes; allowed: " + std::to_string(sizeof id));
     }
     std::memcpy(&id, value.data(), sizeof id);
   }
@@ -320,7 +318,9 @@ Result<std::unique_ptr<Communicator>> make_nccl_communicator(const NcclOptions& 
   bool timed_out = false;
   if (auto why = wait_ready(comm, deadline, "ncclCommInitRankConfig", &timed_out); !why.empty()) {
     ncclCommAbort(comm);
-    if (timed_out) return timeout_error(on + " could not join: " + why + " within " + std::to_string(options.timeout.count()) + " ms");
+    if (timed_out)
+      return timeout_error(on + " could not join: " + why + " within " + std::to_string(options.timeout.count()) +
+                           " ms");
     return unavailable(on + " could not join: " + why);
   }
 
@@ -330,8 +330,8 @@ Result<std::unique_ptr<Communicator>> make_nccl_communicator(const NcclOptions& 
     ncclCommAbort(comm);
     return unavailable(on + ": " + cuda_failed("cudaStreamCreateWithFlags", cuda));
   }
-  return std::unique_ptr<Communicator>(std::make_unique<NcclCommunicator>(comm, stream, options.rank, options.size,
-                                                                          options.device, options.timeout));
+  return std::unique_ptr<Communicator>(
+      std::make_unique<NcclCommunicator>(comm, stream, options.rank, options.size, options.device, options.timeout));
 }
 
 }  // namespace dew::comm

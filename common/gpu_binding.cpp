@@ -63,10 +63,9 @@ Result<GpuBinding> bind_gpus(const GpuBindingInput& input) {
     const auto count = static_cast<long long>(input.local_process_count);
     return invalid_argument("local process " + std::to_string(input.local_process) + " of " + std::to_string(count) +
                             " needs GPUs [" + std::to_string(first) + ", " + std::to_string(first + per_process) +
-                            ") with " + counted(static_cast<long long>(per_process), "device") +
-                            " per process, but " + input.place + " has " +
-                            counted(static_cast<long long>(all.size()), "GPU") + " (" + seen + "); " +
-                            counted(count, "process", "processes") + (count == 1 ? " needs " : " need ") +
+                            ") with " + counted(static_cast<long long>(per_process), "device") + " per process, but " +
+                            input.place + " has " + counted(static_cast<long long>(all.size()), "GPU") + " (" + seen +
+                            "); " + counted(count, "process", "processes") + (count == 1 ? " needs " : " need ") +
                             std::to_string(per_process * input.local_process_count));
   }
   return GpuBinding{join(slice(all, first, per_process), ","), local_ids(per_process)};

@@ -40,8 +40,8 @@ Result<std::vector<NumberRange>> parse_ranges(std::string_view body, std::string
     auto low = parse_number(low_text);
     auto high = parse_number(high_text);
     if (!low || !high) {
-      return bad_hostlist(hostlist, "'[" + std::string(body) +
-                                        "]' must hold numbers or ranges LOW-HIGH of up to 9 digits");
+      return bad_hostlist(hostlist,
+                          "'[" + std::string(body) + "]' must hold numbers or ranges LOW-HIGH of up to 9 digits");
     }
     if (*low > *high) {
       return bad_hostlist(hostlist, "range '" + std::string(item) + "' runs backwards");
@@ -61,8 +61,7 @@ std::string padded(std::uint64_t number, std::size_t width) {
 
 // One comma-free element such as "r[1-2]-n[01-03]x": the product of its
 // bracket groups, the first group varying slowest, as Slurm orders them.
-Result<std::vector<std::string>> expand_element(std::string_view element, std::string_view hostlist,
-                                                std::size_t room) {
+Result<std::vector<std::string>> expand_element(std::string_view element, std::string_view hostlist, std::size_t room) {
   if (element.empty()) return bad_hostlist(hostlist, "empty host name");
   std::vector<std::string> names{""};
   std::size_t at = 0;

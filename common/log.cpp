@@ -33,20 +33,26 @@ class StderrLineSink final : public spdlog::sinks::base_sink<std::mutex> {
 };
 
 constexpr std::array<std::pair<std::string_view, LogLevel>, 6> kLevels = {{{"trace", LogLevel::kTrace},
-                                                                          {"debug", LogLevel::kDebug},
-                                                                          {"info", LogLevel::kInfo},
-                                                                          {"warn", LogLevel::kWarn},
-                                                                          {"error", LogLevel::kError},
-                                                                          {"off", LogLevel::kOff}}};
+                                                                           {"debug", LogLevel::kDebug},
+                                                                           {"info", LogLevel::kInfo},
+                                                                           {"warn", LogLevel::kWarn},
+                                                                           {"error", LogLevel::kError},
+                                                                           {"off", LogLevel::kOff}}};
 
 spdlog::level::level_enum to_spdlog(LogLevel level) {
   switch (level) {
-    case LogLevel::kTrace: return spdlog::level::trace;
-    case LogLevel::kDebug: return spdlog::level::debug;
-    case LogLevel::kInfo: return spdlog::level::info;
-    case LogLevel::kWarn: return spdlog::level::warn;
-    case LogLevel::kError: return spdlog::level::err;
-    case LogLevel::kOff: return spdlog::level::off;
+    case LogLevel::kTrace:
+      return spdlog::level::trace;
+    case LogLevel::kDebug:
+      return spdlog::level::debug;
+    case LogLevel::kInfo:
+      return spdlog::level::info;
+    case LogLevel::kWarn:
+      return spdlog::level::warn;
+    case LogLevel::kError:
+      return spdlog::level::err;
+    case LogLevel::kOff:
+      return spdlog::level::off;
   }
   return spdlog::level::info;
 }

@@ -103,7 +103,8 @@ std::vector<std::string> environment_with(
   for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
     const std::string_view text(*entry);
     const auto equals = text.find('=');
-    if (equals != std::string_view::npos) env[std::string(text.substr(0, equals))] = std::string(text.substr(equals + 1));
+    if (equals != std::string_view::npos)
+      env[std::string(text.substr(0, equals))] = std::string(text.substr(equals + 1));
   }
   for (const auto& [name, value] : changes) {
     if (value) {

@@ -30,11 +30,16 @@ RankSource rank_source(const Environment& env) {
 
 const char* rank_variable(RankSource source) {
   switch (source) {
-    case RankSource::kPmix: return "PMIX_RANK";
-    case RankSource::kOpenMpi: return "OMPI_COMM_WORLD_RANK";
-    case RankSource::kSlurm: return "SLURM_PROCID";
-    case RankSource::kDew: return "DEW_PROCESS_ID";
-    case RankSource::kNone: break;
+    case RankSource::kPmix:
+      return "PMIX_RANK";
+    case RankSource::kOpenMpi:
+      return "OMPI_COMM_WORLD_RANK";
+    case RankSource::kSlurm:
+      return "SLURM_PROCID";
+    case RankSource::kDew:
+      return "DEW_PROCESS_ID";
+    case RankSource::kNone:
+      break;
   }
   return nullptr;
 }

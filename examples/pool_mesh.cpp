@@ -29,7 +29,8 @@ std::string all_reduce_on_data_axis(dew::runtime::Pool& pool, const dew::mesh::M
   auto comm = dew::axes::make_axis_communicator(pool, mesh, dew::mesh::Axis::kData, device);
   if (!member.ok() || !comm.ok()) return "error: " + (member.ok() ? comm.error() : member.error()).message;
   std::vector<double> value{static_cast<double>(device)};
-  if (auto done = comm.value()->all_reduce(std::span<double>(value)); !done.ok()) return "error: " + done.error().message;
+  if (auto done = comm.value()->all_reduce(std::span<double>(value)); !done.ok())
+    return "error: " + done.error().message;
   std::string group;
   for (const int id : member.value().devices) group += (group.empty() ? "" : " + ") + std::to_string(id);
   return "device " + std::to_string(device) + ": data group " + group + " = " + std::to_string(int(value[0]));
@@ -49,7 +50,8 @@ int main() {
   std::vector<std::thread> devices;
   for (int d = 0; d < kDevicesPerProcess; ++d) {
     devices.emplace_back([&, d] {
-      lines[d] = all_reduce_on_data_axis(pool, mesh.value(), dew::mesh::cpu_device_id(pool.rank(), kDevicesPerProcess, d));
+      lines[d] =
+          all_reduce_on_data_axis(pool, mesh.value(), dew::mesh::cpu_device_id(pool.rank(), kDevicesPerProcess, d));
     });
   }
   for (auto& device : devices) device.join();

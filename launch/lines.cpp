@@ -81,8 +81,10 @@ std::optional<PeerBlame> peer_blame(std::string_view line) {
   if (const auto plugin = line.find(kPlugin); plugin != std::string_view::npos && line.substr(0, 11) == "slurmstepd-") {
     const auto from = plugin + kPlugin.size();
     const auto digits = line.find_first_not_of("0123456789", from);
-    const auto rank = digits == std::string_view::npos ? std::nullopt : parse_whole<int>(line.substr(from, digits - from));
-    if (rank && line.substr(digits, 12) == " ended with ") return PeerBlame{*rank, std::string(line.substr(digits + 1))};
+    const auto rank =
+        digits == std::string_view::npos ? std::nullopt : parse_whole<int>(line.substr(from, digits - from));
+    if (rank && line.substr(digits, 12) == " ended with ")
+      return PeerBlame{*rank, std::string(line.substr(digits + 1))};
     return std::nullopt;
   }
   constexpr std::string_view kStart = "ending: process ";
@@ -136,7 +138,8 @@ std::optional<SrunTaskEnd> srun_task_end(std::string_view line) {
   if (host_end == std::string_view::npos) return std::nullopt;
   line.remove_prefix(host_end + 2);
   const std::size_t word_end = line.find(' ');
-  if (word_end == std::string_view::npos || (line.substr(0, word_end) != "task" && line.substr(0, word_end) != "tasks")) {
+  if (word_end == std::string_view::npos ||
+      (line.substr(0, word_end) != "task" && line.substr(0, word_end) != "tasks")) {
     return std::nullopt;
   }
   line.remove_prefix(word_end + 1);

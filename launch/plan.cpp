@@ -15,7 +15,7 @@ namespace {
 // Variables the launcher sets itself; --env may not set them.
 constexpr std::string_view kPoolVariables[] = {
     "DEW_PROCESS_ID",          "DEW_PROCESS_COUNT",       "DEW_LOCAL_PROCESS_ID", "DEW_LOCAL_PROCESS_COUNT",
-    "DEW_COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS", "DEW_POOL_SECRET", "DEW_LINES_PREFIXED",
+    "DEW_COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS", "DEW_POOL_SECRET",      "DEW_LINES_PREFIXED",
 };
 
 Error range_error(const std::string& option, long long value, int low, int high) {
@@ -43,8 +43,8 @@ Result<GpuBinding> bind_host_gpus(const LaunchOptions& options, const LaunchFact
 // --private-dirs: the process starts in its own work directory with its own
 // HOME, caches and TMPDIR.
 void add_private_dirs(ProcessSpec& p, const std::string& base) {
-  p.make_dirs = {base + "/work", base + "/home", base + "/cache", base + "/cache/huggingface", base + "/cache/jax",
-                 base + "/tmp"};
+  p.make_dirs = {base + "/work",      base + "/home", base + "/cache", base + "/cache/huggingface",
+                 base + "/cache/jax", base + "/tmp"};
   p.cwd = base + "/work";
   p.env.insert(p.env.end(), {{"HOME", base + "/home"},
                              {"DEW_CACHE_DIR", base + "/cache"},
@@ -94,9 +94,10 @@ Result<std::vector<EnvVar>> parse_env_options(const std::vector<std::string>& en
     }
     std::string name = entry.substr(0, equals);
     if (!is_shell_name(name)) {
-      return invalid_argument("--env: the name " + shown(name) + " in " + shown(entry) +
-                   " is not allowed; allowed: a shell variable name (letters, digits and _, not starting with a "
-                   "digit)");
+      return invalid_argument(
+          "--env: the name " + shown(name) + " in " + shown(entry) +
+          " is not allowed; allowed: a shell variable name (letters, digits and _, not starting with a "
+          "digit)");
     }
     bool reserved = std::find(std::begin(kPoolVariables), std::end(kPoolVariables), name) != std::end(kPoolVariables);
     const char* why = "dew launch sets it for every process";
@@ -110,7 +111,8 @@ Result<std::vector<EnvVar>> parse_env_options(const std::vector<std::string>& en
       why = "--private-dirs sets it";
     }
     if (reserved) {
-      return invalid_argument("--env: '" + name + "' is not allowed: " + why + "; allowed: any other shell variable name");
+      return invalid_argument("--env: '" + name + "' is not allowed: " + why +
+                              "; allowed: any other shell variable name");
     }
     if (!seen.insert(name).second) {
       return invalid_argument("--env: '" + name + "' is given twice; allowed: each name once");
@@ -122,7 +124,8 @@ Result<std::vector<EnvVar>> parse_env_options(const std::vector<std::string>& en
 
 Result<LaunchOptions> validate(LaunchOptions options) {
   if (options.command.empty()) {
-    return invalid_argument("no command: give it after --, such as: dew launch --hosts node0 node1 -- /usr/bin/python3 train.py");
+    return invalid_argument(
+        "no command: give it after --, such as: dew launch --hosts node0 node1 -- /usr/bin/python3 train.py");
   }
   if (options.processes_per_host < 1 || options.processes_per_host > kMaxProcessesPerHost) {
     return range_error("--processes-per-host", options.processes_per_host, 1, kMaxProcessesPerHost);
@@ -135,8 +138,8 @@ Result<LaunchOptions> validate(LaunchOptions options) {
     return range_error("--port", *options.port, 1, 65535);
   }
   if (options.hosts.size() > static_cast<std::size_t>(kMaxHosts)) {
-    return invalid_argument("--hosts: " + std::to_string(options.hosts.size()) + " hosts are not allowed; allowed: at most " +
-                 std::to_string(kMaxHosts));
+    return invalid_argument("--hosts: " + std::to_string(options.hosts.size()) +
+                            " hosts are not allowed; allowed: at most " + std::to_string(kMaxHosts));
   }
   std::set<std::string> seen;
   for (const auto& host : options.hosts) {
@@ -144,13 +147,13 @@ Result<LaunchOptions> validate(LaunchOptions options) {
                      std::any_of(host.begin(), host.end(), [](unsigned char c) { return c <= ' ' || c == 0x7f; });
     if (bad) {
       return invalid_argument("--hosts: " + shown(host) +
-                   " is not allowed; allowed: a host name or address as ssh takes it (no spaces or control "
-                   "characters, not starting with -), or localhost");
+                              " is not allowed; allowed: a host name or address as ssh takes it (no spaces or control "
+                              "characters, not starting with -), or localhost");
     }
     if (!seen.insert(host).second) {
       return invalid_argument("--hosts: '" + host +
-                   "' is listed twice; allowed: each host once (use --processes-per-host N "
-                   "for several processes on one host)");
+                              "' is listed twice; allowed: each host once (use --processes-per-host N "
+                              "for several processes on one host)");
     }
   }
   if (!options.coordinator.empty()) {
@@ -160,7 +163,8 @@ Result<LaunchOptions> validate(LaunchOptions options) {
     }
   }
   if (options.private_dirs && !options.cwd.empty()) {
-    return invalid_argument("--cwd is not allowed with --private-dirs: each process then starts in a directory of its own");
+    return invalid_argument(
+        "--cwd is not allowed with --private-dirs: each process then starts in a directory of its own");
   }
   if (options.slurm) {
     if (!options.hosts.empty()) {
@@ -197,8 +201,7 @@ std::string coordinator_address(const std::string& host, const std::string& port
   return (ipv6 ? "[" + host + "]" : host) + ":" + port;
 }
 
-Result<LaunchPlan> plan_launch(const LaunchOptions& options, const std::vector<EnvVar>& env,
-                               const LaunchFacts& facts) {
+Result<LaunchPlan> plan_launch(const LaunchOptions& options, const std::vector<EnvVar>& env, const LaunchFacts& facts) {
   LaunchPlan plan;
   const auto hosts = effective_hosts(options);
   const int per_host = options.processes_per_host;
@@ -228,8 +231,10 @@ Result<LaunchPlan> plan_launch(const LaunchOptions& options, const std::vector<E
       if (options.devices_per_process) {
         auto binding = bind_host_gpus(options, facts, p.host, local);
         if (!binding.ok()) return binding.error();
-        if (binding.value().visible_devices) p.env.emplace_back("CUDA_VISIBLE_DEVICES", *binding.value().visible_devices);
-        if (binding.value().local_device_ids) p.env.emplace_back("JAX_LOCAL_DEVICE_IDS", *binding.value().local_device_ids);
+        if (binding.value().visible_devices)
+          p.env.emplace_back("CUDA_VISIBLE_DEVICES", *binding.value().visible_devices);
+        if (binding.value().local_device_ids)
+          p.env.emplace_back("JAX_LOCAL_DEVICE_IDS", *binding.value().local_device_ids);
       }
       p.cwd = cwd;
       if (options.private_dirs) add_private_dirs(p, facts.private_root + "/" + std::to_string(p.rank));

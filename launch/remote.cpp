@@ -43,22 +43,24 @@ std::string host_query_script(bool port, bool devices, int wanted_port) {
               "while ((getline line < file) > 0) { split(line, x); n = split(x[2], y, \":\"); if (n > 1 && "
               "hex(y[n]) == want) busy = 1 } } print (busy ? \"port-busy=\" : \"port=\") want; exit 0 }' || exit 1; ";
   } else if (port) {
-    script += "awk -v seed=\"$(od -An -N4 -tu4 /dev/urandom)\" '"
-              "function hex(s, i, n) { n = 0; for (i = 1; i <= length(s); i++) "
-              "n = n * 16 + index(\"0123456789ABCDEF\", toupper(substr(s, i, 1))) - 1; return n } "
-              "BEGIN { lo = " +
-              std::to_string(kPortRange.low) + "; hi = " + std::to_string(kPortRange.high) +
-              "; "
-              "for (f = 0; f < 2; f++) { file = f ? \"/proc/net/tcp6\" : \"/proc/net/tcp\"; "
-              "while ((getline line < file) > 0) { split(line, x); n = split(x[2], y, \":\"); if (n > 1) "
-              "used[hex(y[n])] = 1 } } "
-              "srand(seed % 2147483647); for (t = 0; t < 1000; t++) { p = lo + int(rand() * (hi - lo + 1)); "
-              "if (!(p in used)) { print \"port=\" p; exit 0 } } exit 1 }' || exit 1; ";
+    script +=
+        "awk -v seed=\"$(od -An -N4 -tu4 /dev/urandom)\" '"
+        "function hex(s, i, n) { n = 0; for (i = 1; i <= length(s); i++) "
+        "n = n * 16 + index(\"0123456789ABCDEF\", toupper(substr(s, i, 1))) - 1; return n } "
+        "BEGIN { lo = " +
+        std::to_string(kPortRange.low) + "; hi = " + std::to_string(kPortRange.high) +
+        "; "
+        "for (f = 0; f < 2; f++) { file = f ? \"/proc/net/tcp6\" : \"/proc/net/tcp\"; "
+        "while ((getline line < file) > 0) { split(line, x); n = split(x[2], y, \":\"); if (n > 1) "
+        "used[hex(y[n])] = 1 } } "
+        "srand(seed % 2147483647); for (t = 0; t < 1000; t++) { p = lo + int(rand() * (hi - lo + 1)); "
+        "if (!(p in used)) { print \"port=\" p; exit 0 } } exit 1 }' || exit 1; ";
   }
   if (devices) {
-    script += "if [ \"${CUDA_VISIBLE_DEVICES+set}\" = set ]; then echo \"visible=$CUDA_VISIBLE_DEVICES\"; "
-              "else echo visible-unset; fi; "
-              "n=0; for g in /proc/driver/nvidia/gpus/*; do [ -e \"$g\" ] && n=$((n + 1)); done; echo \"gpus=$n\"; ";
+    script +=
+        "if [ \"${CUDA_VISIBLE_DEVICES+set}\" = set ]; then echo \"visible=$CUDA_VISIBLE_DEVICES\"; "
+        "else echo visible-unset; fi; "
+        "n=0; for g in /proc/driver/nvidia/gpus/*; do [ -e \"$g\" ] && n=$((n + 1)); done; echo \"gpus=$n\"; ";
   }
   return script + "exit 0";
 }

@@ -25,8 +25,8 @@ Result<std::vector<std::string>> srun_command(const LaunchOptions& options, bool
   if (!plugin) {
     if (options.devices_per_process) {
       return unsupported(std::string("--devices-per-process with --slurm") + kNoPlugin +
-                   "; without it JAX gives each task the one GPU at SLURM_LOCALID, so run one task per GPU "
-                   "(--processes-per-host = GPUs per node) instead");
+                         "; without it JAX gives each task the one GPU at SLURM_LOCALID, so run one task per GPU "
+                         "(--processes-per-host = GPUs per node) instead");
     }
   }
   std::vector<std::string> argv{"srun", "--ntasks-per-node=" + std::to_string(options.processes_per_host)};
@@ -37,7 +37,8 @@ Result<std::vector<std::string>> srun_command(const LaunchOptions& options, bool
   if (plugin) {
     argv.emplace_back("--dew-pool");
     if (options.watchdog) {
-      argv.push_back("--dew-watchdog=" + (*options.watchdog ? format_duration(**options.watchdog) : std::string("off")));
+      argv.push_back("--dew-watchdog=" +
+                     (*options.watchdog ? format_duration(**options.watchdog) : std::string("off")));
     }
     if (options.devices_per_process) {
       argv.push_back("--dew-devices-per-process=" + std::to_string(*options.devices_per_process));

@@ -46,8 +46,7 @@ void write_all(int fd, const std::string& text) {
 
 std::string ssh_hint(const std::string& host) {
   // Quoted as a shell reads it, so that the command pastes as it is shown.
-  return "passwordless ssh must work: check that `ssh -o BatchMode=yes -- " + shell_quote(host) +
-         " true` succeeds";
+  return "passwordless ssh must work: check that `ssh -o BatchMode=yes -- " + shell_quote(host) + " true` succeeds";
 }
 
 Supervisor::Supervisor(std::chrono::milliseconds grace) : grace_(grace) {
@@ -86,8 +85,8 @@ int Supervisor::run() {
     }
     auto next = drain_until ? *drain_until : Clock::now() + 1h;
     if (kill_at && *kill_at < next) next = *kill_at;
-    const auto wait_ms = std::max<long long>(
-        0, std::chrono::duration_cast<std::chrono::milliseconds>(next - Clock::now()).count() + 1);
+    const auto wait_ms =
+        std::max<long long>(0, std::chrono::duration_cast<std::chrono::milliseconds>(next - Clock::now()).count() + 1);
     if (poll(fds.data(), fds.size(), static_cast<int>(std::min<long long>(wait_ms, 1000000))) < 0) {
       if (errno == EINTR) continue;
       log_error(std::string("poll failed: ") + std::strerror(errno));
@@ -223,7 +222,8 @@ void Supervisor::report_blamed(const Running& peer) {
   if (named == processes_.end()) {
     exit_code_ = 1;
     log_error("rank " + std::to_string(peer.rank) + " on " + peer.host + " ended with " +
-              describe_wait_status(peer.status) + " (a peer failed; no process said which); stopping the other processes");
+              describe_wait_status(peer.status) +
+              " (a peer failed; no process said which); stopping the other processes");
     return;
   }
   const Running& culprit = **named;
@@ -245,7 +245,8 @@ int Supervisor::srun_exit_code() const {
 void Supervisor::report(const Running& p) {
   exit_code_ = exit_code_of(p.status);
   if (p.rank < 0) return;  // run() says how srun ended, once its last lines are read
-  std::string line = "rank " + std::to_string(p.rank) + " on " + p.host + " ended with " + describe_wait_status(p.status);
+  std::string line =
+      "rank " + std::to_string(p.rank) + " on " + p.host + " ended with " + describe_wait_status(p.status);
   if (p.remote && WIFEXITED(p.status) && WEXITSTATUS(p.status) == 255) {
     line += " (ssh's code for a failed connection or login; " + ssh_hint(p.host) + ")";
   }

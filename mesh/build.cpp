@@ -39,21 +39,21 @@ std::optional<Error> check_graph(const DeviceGraph& graph) {
   for (const Device& device : graph.devices) {
     if (!ids.insert(device.id).second) {
       return invalid_argument("mesh: device id " + std::to_string(device.id) +
-                   " appears twice in the device graph; each id must be unique");
+                              " appears twice in the device graph; each id must be unique");
     }
   }
   if (graph.bandwidth.size() != n * n) {
     return invalid_argument("mesh: the bandwidth matrix has " + std::to_string(graph.bandwidth.size()) + " entries; " +
-                 std::to_string(n) + " devices need " + std::to_string(n * n) + " (" + std::to_string(n) + " x " +
-                 std::to_string(n) + ")");
+                            std::to_string(n) + " devices need " + std::to_string(n * n) + " (" + std::to_string(n) +
+                            " x " + std::to_string(n) + ")");
   }
   for (std::size_t i = 0; i < n; ++i) {
     for (std::size_t j = 0; j < n; ++j) {
       const double value = graph.bandwidth[i * n + j];
       if (i != j && !(std::isfinite(value) && value >= 0)) {
         return invalid_argument("mesh: bandwidth from device " + std::to_string(graph.devices[i].id) + " to device " +
-                     std::to_string(graph.devices[j].id) + " is " + number_text(value) +
-                     " GB/s; allowed: a finite number >= 0");
+                                std::to_string(graph.devices[j].id) + " is " + number_text(value) +
+                                " GB/s; allowed: a finite number >= 0");
       }
     }
   }
@@ -99,9 +99,9 @@ std::optional<Error> check_equal(const Granules& granules) {
   for (std::size_t g = 1; g < granules.members.size(); ++g) {
     if (granules.members[g].size() != granules.members[0].size()) {
       return invalid_argument("mesh: granules hold different device counts (" + granules.names[0] + ": " +
-                   std::to_string(granules.members[0].size()) + ", " + granules.names[g] + ": " +
-                   std::to_string(granules.members[g].size()) +
-                   "); hybrid sharding needs the same count in every granule");
+                              std::to_string(granules.members[0].size()) + ", " + granules.names[g] + ": " +
+                              std::to_string(granules.members[g].size()) +
+                              "); hybrid sharding needs the same count in every granule");
     }
   }
   return std::nullopt;
@@ -114,18 +114,18 @@ Result<MeshShape> hybrid_inner(const MeshShape& shape, int replicas, const Granu
   const std::string what = std::to_string(count) + (count == 1 ? " granule" : " granules");
   if (count % replicas != 0) {
     return invalid_argument("mesh: replicas=" + std::to_string(replicas) + " does not divide the " + what +
-                 (granules.processes ? " (processes: every device shares one host or NVLink domain)" : "") +
-                 "; allowed: a divisor of " + std::to_string(count));
+                            (granules.processes ? " (processes: every device shares one host or NVLink domain)" : "") +
+                            "; allowed: a divisor of " + std::to_string(count));
   }
   if (shape[kData] % replicas != 0) {
     return invalid_argument("mesh: replicas=" + std::to_string(replicas) + " does not divide the data axis (" +
-                 axis_size(kData, shape[kData]) + "); the data axis spans the replica groups");
+                            axis_size(kData, shape[kData]) + "); the data axis spans the replica groups");
   }
   const int per_group = count / replicas;
   if (shape[kFsdp] % per_group != 0) {
     return invalid_argument("mesh: fsdp=" + std::to_string(shape[kFsdp]) + " does not divide over the " +
-                 std::to_string(per_group) + " granules of one replica group (" + what + " / replicas=" +
-                 std::to_string(replicas) + "); fsdp must be a multiple of " + std::to_string(per_group));
+                            std::to_string(per_group) + " granules of one replica group (" + what + " / replicas=" +
+                            std::to_string(replicas) + "); fsdp must be a multiple of " + std::to_string(per_group));
   }
   MeshShape inner = shape;
   inner[kData] /= replicas;
@@ -263,7 +263,8 @@ namespace {
 
 // The caller's order: graph indices in mesh order, or an error naming the
 // device that is not in the graph or given twice.
-Result<std::vector<int>> explicit_indices(const MeshSpec& spec, const DeviceGraph& graph, const std::vector<int>& order) {
+Result<std::vector<int>> explicit_indices(const MeshSpec& spec, const DeviceGraph& graph,
+                                          const std::vector<int>& order) {
   if (spec.replicas != 1) {
     return invalid_argument("mesh: replicas=" + std::to_string(spec.replicas) +
                             " with an explicit device order; the order fixes the layout, so give replicas=1 or "

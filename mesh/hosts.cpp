@@ -46,9 +46,9 @@ Result<DeviceGraph> hosts_graph(const std::vector<HostPart>& parts) {
       if (gpu < 0 || gpu >= part.host_gpus || !taken[part.host].insert(gpu).second) {
         return invalid_argument("mesh: process " + std::to_string(part.process) + " on " + part.host_name +
                                 " claims GPU " + std::to_string(gpu) + ", which " +
-                                (gpu < 0 || gpu >= part.host_gpus ? "its host does not have (" +
-                                                                         counted(part.host_gpus, "GPU") + ")"
-                                                                   : std::string("another process there owns")));
+                                (gpu < 0 || gpu >= part.host_gpus
+                                     ? "its host does not have (" + counted(part.host_gpus, "GPU") + ")"
+                                     : std::string("another process there owns")));
       }
     }
   }

@@ -130,8 +130,8 @@ class SpecSax final : public nlohmann::json_sax<json> {
     return true;
   }
   bool nested(std::string_view what) {
-    return fail(
-        invalid_argument("mesh spec: " + std::string(builder_.current_name()) + " is " + std::string(what) + "; " + kAllowedSize));
+    return fail(invalid_argument("mesh spec: " + std::string(builder_.current_name()) + " is " + std::string(what) +
+                                 "; " + kAllowedSize));
   }
   bool fail(Error error) {
     if (!error_) error_ = std::move(error);
@@ -151,8 +151,8 @@ std::string_view trim(std::string_view text) {
 }
 
 const Error kEmpty{ErrorCode::kInvalidArgument,
-    "mesh spec is empty; allowed: a JSON object such as {\"fsdp\": 2} or axis=size pairs such as "
-    "fsdp=2 ({} for data parallel over every device)"};
+                   "mesh spec is empty; allowed: a JSON object such as {\"fsdp\": 2} or axis=size pairs such as "
+                   "fsdp=2 ({} for data parallel over every device)"};
 
 }  // namespace
 
@@ -174,8 +174,8 @@ Result<MeshSpec> parse_mesh_spec_pairs(std::string_view text) {
     const auto equals = entry.find('=');
     if (entry.empty() || equals == std::string_view::npos) {
       return invalid_argument("mesh spec: " + quote(entry) + " in " + quote(text) +
-                   " is not axis=size; allowed: axis=size pairs separated by commas, such as "
-                   "fsdp=2,replicas=2");
+                              " is not axis=size; allowed: axis=size pairs separated by commas, such as "
+                              "fsdp=2,replicas=2");
     }
     if (auto error = builder.key(trim(entry.substr(0, equals)))) return *error;
     const std::string_view value = trim(entry.substr(equals + 1));
@@ -229,7 +229,8 @@ Result<MeshShape> resolve_shape(const MeshSpec& spec, int devices) {
   const std::string made = product >= kCap ? "more than " + std::to_string(kCap) : std::to_string(product);
   // "fsdp=3 asks for 3 devices", "fsdp=3 x tensor=2 multiply to 6".
   const bool one_axis = named.find(" x ") == std::string::npos;
-  const std::string makes = one_axis ? " asks for " + made + (product == 1 ? " device" : " devices") : " multiply to " + made;
+  const std::string makes =
+      one_axis ? " asks for " + made + (product == 1 ? " device" : " devices") : " multiply to " + made;
   MeshShape shape{};
   for (int a = 0; a < kAxisCount; ++a) shape[a] = spec.sizes[a].value_or(1);
   const auto data = static_cast<int>(Axis::kData);

@@ -29,8 +29,7 @@ std::string random_nonce() {
   return nonce;
 }
 
-std::string hello_mac(std::string_view secret, std::string_view service_nonce, std::uint64_t rank,
-                      std::uint64_t size) {
+std::string hello_mac(std::string_view secret, std::string_view service_nonce, std::uint64_t rank, std::uint64_t size) {
   std::string message = "dew hello|";
   message += service_nonce;
   message += wire::encode_u64(rank);
@@ -45,8 +44,7 @@ std::string welcome_mac(std::string_view secret, std::string_view client_nonce) 
 }
 
 bool same_mac(std::string_view a, std::string_view b) {
-  return a.size() == b.size() && a.size() == kMacBytes &&
-         sodium_memcmp(a.data(), b.data(), a.size()) == 0;
+  return a.size() == b.size() && a.size() == kMacBytes && sodium_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
 }  // namespace dew::runtime::auth

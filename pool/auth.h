@@ -16,8 +16,7 @@ bool ready();
 std::string random_nonce();
 
 // The client's proof: MAC(secret, "dew hello" | service nonce | rank | size).
-std::string hello_mac(std::string_view secret, std::string_view service_nonce, std::uint64_t rank,
-                      std::uint64_t size);
+std::string hello_mac(std::string_view secret, std::string_view service_nonce, std::uint64_t rank, std::uint64_t size);
 // The service's proof back: MAC(secret, "dew welcome" | client nonce).
 std::string welcome_mac(std::string_view secret, std::string_view client_nonce);
 // Constant-time comparison.

@@ -2,10 +2,9 @@
 // sends requests and waits on a condition variable; a reader thread decodes
 // replies and pushed failures; a heartbeat thread keeps the service (and
 // itself) sure the other side is alive.
-#include <asio.hpp>
-
 #include <sys/socket.h>
 
+#include <asio.hpp>
 #include <atomic>
 #include <condition_variable>
 #include <map>
@@ -108,7 +107,8 @@ struct CoordinationClient::Impl {
         last_heard = Clock::now();
       }
       switch (frame->type) {
-        case wire::Type::kHeartbeat: break;
+        case wire::Type::kHeartbeat:
+          break;
         case wire::Type::kFailure: {
           // Also one that names this process: another published it (this
           // one was late to an agreement). A process that published its own
@@ -128,7 +128,8 @@ struct CoordinationClient::Impl {
           changed.notify_all();
           break;
         }
-        default: break;  // nothing else is sent to a client
+        default:
+          break;  // nothing else is sent to a client
       }
     }
   }
@@ -230,7 +231,8 @@ Result<std::vector<int>> CoordinationClient::agree(const std::string& name, std:
 }
 
 Result<std::vector<std::string>> CoordinationClient::gather(const std::string& round, const std::string& bytes,
-                                                            std::chrono::milliseconds patience, std::vector<int>& missing) {
+                                                            std::chrono::milliseconds patience,
+                                                            std::vector<int>& missing) {
   const std::string patience_item = wire::encode_u64(static_cast<std::uint64_t>(patience.count()));
   auto reply = impl_->request(wire::Type::kGather, {round, bytes, patience_item});
   if (!reply.ok()) return reply.error();
@@ -243,7 +245,8 @@ Result<std::vector<std::string>> CoordinationClient::gather(const std::string& r
 }
 
 void CoordinationClient::publish_failure(const std::string& message, std::chrono::milliseconds bound) {
-  impl_->write_frame(wire::Frame{wire::Type::kFail, {wire::encode_u64(static_cast<std::uint64_t>(impl_->config.rank)), message}});
+  impl_->write_frame(
+      wire::Frame{wire::Type::kFail, {wire::encode_u64(static_cast<std::uint64_t>(impl_->config.rank)), message}});
   ::shutdown(impl_->fd, SHUT_WR);
   std::unique_lock lock(impl_->mutex);
   impl_->changed.wait_for(lock, bound, [&] { return impl_->service_closed; });
@@ -254,8 +257,8 @@ void CoordinationClient::publish_blame(int rank, const std::string& message) {
 }
 
 void CoordinationClient::prepare_signal_frame(int slot, const std::string& message) {
-  impl_->signal_frames[slot] =
-      wire::encode(wire::Frame{wire::Type::kFail, {wire::encode_u64(static_cast<std::uint64_t>(impl_->config.rank)), message}});
+  impl_->signal_frames[slot] = wire::encode(
+      wire::Frame{wire::Type::kFail, {wire::encode_u64(static_cast<std::uint64_t>(impl_->config.rank)), message}});
 }
 
 void CoordinationClient::publish_prepared_from_signal(int slot) noexcept {

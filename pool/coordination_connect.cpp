@@ -50,8 +50,8 @@ Result<tcp::socket> connect_with_retries(asio::io_context& io, const ClientConfi
     std::error_code ec;
     auto endpoints = resolver.resolve(config.host, std::to_string(config.port), ec);
     if (ec == asio::error::host_not_found || ec == asio::error::service_not_found) {
-      return not_found("cannot resolve the coordinator's host " + quoted(config.host) + " (" + where + "): " +
-                       ec.message());
+      return not_found("cannot resolve the coordinator's host " + quoted(config.host) + " (" + where +
+                       "): " + ec.message());
     }
     const bool resolved = !ec;
     if (resolved) {
@@ -75,8 +75,8 @@ Result<tcp::socket> connect_with_retries(asio::io_context& io, const ClientConfi
 
 // Reads what the service sends until `read` concludes or the deadline passes.
 template <typename Read>
-handshake::Reading read_until_conclusive(int fd, std::string& buffer, const ClientConfig& config, WaitReporter& reporter,
-                                         std::string& error, Read read) {
+handshake::Reading read_until_conclusive(int fd, std::string& buffer, const ClientConfig& config,
+                                         WaitReporter& reporter, std::string& error, Read read) {
   for (;;) {
     auto reading = read(std::string_view(buffer));
     if (reading.heard != handshake::Heard::kNeedMore) return reading;
@@ -120,11 +120,13 @@ Error handshake_error(const handshake::Reading& reading, const std::string& buff
     case Heard::kWrongSecret:
       return permission_denied("the coordination service at " + where +
                                " does not know this pool's secret (another pool's coordinator on that port?)");
-    default: break;
+    default:
+      break;
   }
   const std::string heard = handshake::describe_heard(buffer);
   if (error == "timed out") {
-    return timeout_error("the coordinator at " + where + " accepted the connection but the handshake did not end within " +
+    return timeout_error("the coordinator at " + where +
+                         " accepted the connection but the handshake did not end within " +
                          seconds_of(config.join_timeout) + " (DEW_JOIN_TIMEOUT_SECONDS): heard " + heard +
                          (buffer.empty() ? " (a silent listener on that port, or process 0 is stopped)" : ""));
   }
@@ -156,8 +158,8 @@ Result<ServiceConnection> connect_to_service(asio::io_context& io, const ClientC
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
 
   // The service's challenge, our proof, its proof back.
-  WaitReporter reporter("the coordination service at " + where + " to answer", config.join_deadline - config.join_timeout,
-                        config.join_timeout);
+  WaitReporter reporter("the coordination service at " + where + " to answer",
+                        config.join_deadline - config.join_timeout, config.join_timeout);
   std::string buffer;
   std::string error;
   auto challenge = read_until_conclusive(fd, buffer, config, reporter, error, handshake::read_challenge);

@@ -5,7 +5,6 @@
 #pragma once
 
 #include <asio.hpp>
-
 #include <string>
 
 #include "coordination.h"

@@ -15,7 +15,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using asio::ip::tcp;
 
-
 // Accept errors that go away once connections close: wait rather than spin.
 // (Asio's system errors are in its own category: compare the errno values.)
 bool out_of_resources(std::error_code ec) {
@@ -51,7 +50,8 @@ Result<std::uint16_t> CoordinationService::Impl::listen(std::uint16_t wanted) {
   if (!ec) acceptor.bind(endpoint, ec);
   if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) {
-    return unavailable("the coordination service cannot listen on port " + std::to_string(wanted) + ": " + ec.message());
+    return unavailable("the coordination service cannot listen on port " + std::to_string(wanted) + ": " +
+                       ec.message());
   }
   return acceptor.local_endpoint().port();
 }
@@ -76,8 +76,8 @@ void CoordinationService::Impl::accept_failed(std::error_code ec) {
     accept();
     return;
   }
-  const auto pause = std::min(std::chrono::milliseconds(10) * (1 << std::min(accept_failures, 7)),
-                              std::chrono::milliseconds(1000));
+  const auto pause =
+      std::min(std::chrono::milliseconds(10) * (1 << std::min(accept_failures, 7)), std::chrono::milliseconds(1000));
   ++accept_failures;
   note_stranger("cannot accept connections: " + ec.message() + " (" + std::to_string(pending.size()) +
                 " unauthenticated connections open); trying again in " + std::to_string(pause.count()) + " ms");
@@ -239,7 +239,8 @@ void CoordinationService::Impl::refuse(const SessionPtr& session, const std::str
 
 void CoordinationService::Impl::handle_hello(const SessionPtr& session, const wire::Frame& frame) {
   if (frame.type != wire::Type::kHello) {
-    refuse(session, "sent a " + std::string(wire::type_name(frame.type)) + " frame before proving it knows the pool secret");
+    refuse(session,
+           "sent a " + std::string(wire::type_name(frame.type)) + " frame before proving it knows the pool secret");
     return;
   }
   const auto rank = wire::decode_u64(frame.items[0]);
@@ -309,7 +310,8 @@ void CoordinationService::Impl::note_stranger(const std::string& line) {
     return;
   }
   const int held = std::exchange(strangers.held_back, 0);
-  log(line + (held ? " (" + std::to_string(held) + " more notices about outside connections held back before it)" : ""));
+  log(line +
+      (held ? " (" + std::to_string(held) + " more notices about outside connections held back before it)" : ""));
   strangers.last_line = now;
 }
 

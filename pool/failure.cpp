@@ -3,16 +3,17 @@
 // failure ends with kPeerFailedExitCode; the watch thread ends a process that
 // has not heard of it at an agreement within the grace; fatal signals and
 // uncaught exceptions become published failures.
+#include "failure.h"
+
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <exception>
 
-#include "dew/log.h"
 #include "dew/failure_timings.h"
+#include "dew/log.h"
 #include "dew/text.h"
-#include "failure.h"
 #include "pool_state.h"
 
 namespace dew::runtime {

@@ -34,8 +34,7 @@ struct RankSize {
   int size = 1;
 };
 
-Result<RankSize> rank_and_size(const Environment& env, const std::string& rank_name,
-                               const std::string& size_name) {
+Result<RankSize> rank_and_size(const Environment& env, const std::string& rank_name, const std::string& size_name) {
   const auto rank_text = lookup(env, rank_name);
   const auto size_text = lookup(env, size_name);
   if (!rank_text) return invalid_argument(size_name + " is set but " + rank_name + " is not: both or neither");
@@ -47,14 +46,14 @@ Result<RankSize> rank_and_size(const Environment& env, const std::string& rank_n
   if (size.value() == 0) return invalid_argument(size_name + "=0: a pool has at least one process");
   if (rank.value() >= size.value()) {
     return invalid_argument(rank_name + "=" + *rank_text + " is not below " + size_name + "=" + *size_text +
-                 " (ranks are 0.." + std::to_string(size.value() - 1) + ")");
+                            " (ranks are 0.." + std::to_string(size.value() - 1) + ")");
   }
   return RankSize{rank.value(), size.value()};
 }
 
 // An optional local rank/size pair; defaults when neither is set.
-Result<RankSize> local_rank_and_size(const Environment& env, const std::string& rank_name,
-                                     const std::string& size_name, RankSize fallback) {
+Result<RankSize> local_rank_and_size(const Environment& env, const std::string& rank_name, const std::string& size_name,
+                                     RankSize fallback) {
   if (!lookup(env, rank_name) && !lookup(env, size_name)) return fallback;
   return rank_and_size(env, rank_name, size_name);
 }
@@ -119,8 +118,8 @@ Result<Identity> from_slurm(const Environment& env, const JoinOptions& options) 
   if (!job.ok()) return job.error();
   auto step = optional_count(env, "SLURM_STEP_ID", 0);
   if (!step.ok()) return step.error();
-  id.coordinator = Address{first.value(), derive_port(static_cast<std::uint32_t>(job.value()),
-                                                               static_cast<std::uint32_t>(step.value()))};
+  id.coordinator = Address{
+      first.value(), derive_port(static_cast<std::uint32_t>(job.value()), static_cast<std::uint32_t>(step.value()))};
   id.coordinator_from = "rank 0's node of SLURM_STEP_NODELIST, port from SLURM_JOB_ID and SLURM_STEP_ID";
   return id;
 }
@@ -135,12 +134,14 @@ struct LauncherVariables {
   const char* why;
 };
 
-constexpr LauncherVariables kDewVariables = {PoolSource::kDew, "DEW_PROCESS_ID", "DEW_PROCESS_COUNT",
-                                             "DEW_LOCAL_PROCESS_ID", "DEW_LOCAL_PROCESS_COUNT",
-                                             "DEW_PROCESS_ID and DEW_PROCESS_COUNT are set (srun --dew-pool or dew launch)"};
-constexpr LauncherVariables kOpenMpiVariables = {PoolSource::kOpenMpi, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                                                 "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
-                                                 "OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE are set (mpirun)"};
+constexpr LauncherVariables kDewVariables = {
+    PoolSource::kDew,          "DEW_PROCESS_ID",
+    "DEW_PROCESS_COUNT",       "DEW_LOCAL_PROCESS_ID",
+    "DEW_LOCAL_PROCESS_COUNT", "DEW_PROCESS_ID and DEW_PROCESS_COUNT are set (srun --dew-pool or dew launch)"};
+constexpr LauncherVariables kOpenMpiVariables = {
+    PoolSource::kOpenMpi,         "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",       "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE are set (mpirun)"};
 
 Result<Identity> from_launcher(const Environment& env, const LauncherVariables& names) {
   auto pair = rank_and_size(env, names.rank, names.size);
@@ -168,8 +169,10 @@ Result<Identity> from_dew(const Environment& env) {
   if (!node.ok()) return node.error();
   id.node = node.value();
   if (!id.coordinator && id.size > 1) {
-    return invalid_argument("DEW_PROCESS_ID is set but neither DEW_COORDINATOR_ADDRESS nor JAX_COORDINATOR_ADDRESS "
-                 "is: a pool of " + std::to_string(id.size) + " needs its coordinator's host:port");
+    return invalid_argument(
+        "DEW_PROCESS_ID is set but neither DEW_COORDINATOR_ADDRESS nor JAX_COORDINATOR_ADDRESS "
+        "is: a pool of " +
+        std::to_string(id.size) + " needs its coordinator's host:port");
   }
   return found;
 }
@@ -187,7 +190,8 @@ Result<std::chrono::milliseconds> seconds_setting(const Environment& env, const 
   const double seconds = std::strtod(text->c_str(), &end);
   if (text->empty() || end != text->c_str() + text->size() || !std::isfinite(seconds) || seconds <= 0 ||
       seconds > 1e9) {
-    return invalid_argument(std::string(name) + "='" + *text + "' is not a positive number of seconds (e.g. 30 or 0.5)");
+    return invalid_argument(std::string(name) + "='" + *text +
+                            "' is not a positive number of seconds (e.g. 30 or 0.5)");
   }
   return std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(seconds * 1000)));
 }
@@ -196,12 +200,18 @@ Result<std::chrono::milliseconds> seconds_setting(const Environment& env, const 
 
 std::string_view source_name(PoolSource source) {
   switch (source) {
-    case PoolSource::kExplicit: return "explicit";
-    case PoolSource::kPmix: return "pmix";
-    case PoolSource::kOpenMpi: return "openmpi";
-    case PoolSource::kSlurm: return "slurm";
-    case PoolSource::kDew: return "dew";
-    case PoolSource::kAlone: return "alone";
+    case PoolSource::kExplicit:
+      return "explicit";
+    case PoolSource::kPmix:
+      return "pmix";
+    case PoolSource::kOpenMpi:
+      return "openmpi";
+    case PoolSource::kSlurm:
+      return "slurm";
+    case PoolSource::kDew:
+      return "dew";
+    case PoolSource::kAlone:
+      return "alone";
   }
   return "unknown";
 }
@@ -214,9 +224,11 @@ Result<Address> parse_address(std::string_view text, std::string_view name) {
   std::string_view port;
   if (!text.empty() && text.front() == '[') {
     const auto close = text.find(']');
-    if (close == std::string_view::npos) return invalid_argument(quoted + " has no closing ']' (expected [v6 address]:port)");
+    if (close == std::string_view::npos)
+      return invalid_argument(quoted + " has no closing ']' (expected [v6 address]:port)");
     host = text.substr(1, close - 1);
-    if (close + 1 >= text.size() || text[close + 1] != ':') return invalid_argument(quoted + " has no port (expected [v6 address]:port)");
+    if (close + 1 >= text.size() || text[close + 1] != ':')
+      return invalid_argument(quoted + " has no port (expected [v6 address]:port)");
     port = text.substr(close + 2);
   } else {
     const auto colon = text.rfind(':');
@@ -249,11 +261,14 @@ Environment current_environment() {
 
 Result<Identity> resolve_identity(const Environment& env, const JoinOptions& options) {
   if (options.rank || options.size) {
-    if (!options.rank || !options.size) return invalid_argument("JoinOptions: rank and size go together: set both or neither");
-    if (*options.size <= 0) return invalid_argument("JoinOptions: size=" + std::to_string(*options.size) + ": a pool has at least one process");
+    if (!options.rank || !options.size)
+      return invalid_argument("JoinOptions: rank and size go together: set both or neither");
+    if (*options.size <= 0)
+      return invalid_argument("JoinOptions: size=" + std::to_string(*options.size) +
+                              ": a pool has at least one process");
     if (*options.rank < 0 || *options.rank >= *options.size) {
       return invalid_argument("JoinOptions: rank=" + std::to_string(*options.rank) + " is not in 0.." +
-                   std::to_string(*options.size - 1));
+                              std::to_string(*options.size - 1));
     }
     Identity id;
     id.source = PoolSource::kExplicit;
@@ -272,7 +287,8 @@ Result<Identity> resolve_identity(const Environment& env, const JoinOptions& opt
       if (!coordinator.ok()) return coordinator.error();
       id.coordinator = coordinator.value();
     }
-    if (!id.coordinator && id.size > 1) return invalid_argument("JoinOptions: a pool of " + std::to_string(id.size) + " needs a coordinator (host:port)");
+    if (!id.coordinator && id.size > 1)
+      return invalid_argument("JoinOptions: a pool of " + std::to_string(id.size) + " needs a coordinator (host:port)");
     return id;
   }
 
@@ -310,11 +326,11 @@ Result<Identity> resolve_identity(const Environment& env, const JoinOptions& opt
 
 Result<Settings> resolve_settings(const Environment& env, const JoinOptions& options) {
   Settings settings;
-  auto patience = seconds_setting(env, "DEW_AGREEMENT_PATIENCE_SECONDS", options.agreement_patience,
-                                  settings.agreement_patience);
+  auto patience =
+      seconds_setting(env, "DEW_AGREEMENT_PATIENCE_SECONDS", options.agreement_patience, settings.agreement_patience);
   if (!patience.ok()) return patience.error();
-  auto heartbeat = seconds_setting(env, "DEW_HEARTBEAT_TIMEOUT_SECONDS", options.heartbeat_timeout,
-                                   settings.heartbeat_timeout);
+  auto heartbeat =
+      seconds_setting(env, "DEW_HEARTBEAT_TIMEOUT_SECONDS", options.heartbeat_timeout, settings.heartbeat_timeout);
   if (!heartbeat.ok()) return heartbeat.error();
   auto grace = seconds_setting(env, "DEW_FAILURE_GRACE_SECONDS", options.failure_grace,
                                options.failure_grace_fallback.value_or(settings.failure_grace));

@@ -1,13 +1,12 @@
 #include "pmix_session.h"
 
+#include <pmix.h>
+
 #include <condition_variable>
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <thread>
-
-#include <pmix.h>
-
-#include <cstring>
 
 namespace dew::runtime {
 namespace {
@@ -28,10 +27,18 @@ Result<std::uint32_t> job_u32(const char* key, const pmix_proc_t& proc) {
   }
   std::uint32_t out = 0;
   switch (value->type) {
-    case PMIX_UINT32: out = value->data.uint32; break;
-    case PMIX_UINT16: out = value->data.uint16; break;
-    case PMIX_INT: out = static_cast<std::uint32_t>(value->data.integer); break;
-    case PMIX_UINT64: out = static_cast<std::uint32_t>(value->data.uint64); break;
+    case PMIX_UINT32:
+      out = value->data.uint32;
+      break;
+    case PMIX_UINT16:
+      out = value->data.uint16;
+      break;
+    case PMIX_INT:
+      out = static_cast<std::uint32_t>(value->data.integer);
+      break;
+    case PMIX_UINT64:
+      out = static_cast<std::uint32_t>(value->data.uint64);
+      break;
     default: {
       const auto type = value->type;  // read before the release frees it
       PMIX_VALUE_RELEASE(value);
@@ -60,7 +67,8 @@ Result<std::unique_ptr<PmixSession>> PmixSession::init() {
   id.size = static_cast<int>(size.value());
   // Per-process values are asked of this process itself.
   if (auto local = job_u32(PMIX_LOCAL_RANK, g_self); local.ok()) id.local_rank = static_cast<int>(local.value());
-  if (auto local_size = job_u32(PMIX_LOCAL_SIZE, job); local_size.ok()) id.local_size = static_cast<int>(local_size.value());
+  if (auto local_size = job_u32(PMIX_LOCAL_SIZE, job); local_size.ok())
+    id.local_size = static_cast<int>(local_size.value());
   if (auto node = job_u32(PMIX_NODEID, g_self); node.ok()) id.node = static_cast<int>(node.value());
   pmix_value_t* host = nullptr;
   if (PMIx_Get(&g_self, PMIX_HOSTNAME, nullptr, 0, &host) == PMIX_SUCCESS && host != nullptr) {
@@ -68,7 +76,8 @@ Result<std::unique_ptr<PmixSession>> PmixSession::init() {
     PMIX_VALUE_RELEASE(host);
   }
   if (id.rank < 0 || id.rank >= id.size) {
-    return internal_error("PMIx gives rank " + std::to_string(id.rank) + " outside a job of " + std::to_string(id.size));
+    return internal_error("PMIx gives rank " + std::to_string(id.rank) + " outside a job of " +
+                          std::to_string(id.size));
   }
   return session;
 }

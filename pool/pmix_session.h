@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "dew/result.h"
 #include "dew/pool.h"
+#include "dew/result.h"
 
 namespace dew::runtime {
 

@@ -26,9 +26,9 @@ std::string seconds_of(std::chrono::milliseconds duration) {
 
 std::unique_ptr<CoordinationService> start_service(const Pool::State& state, const std::string& secret,
                                                    std::uint16_t port) {
-  auto service = CoordinationService::start(ServiceConfig{
-      state.identity.size, secret, port, state.settings.heartbeat_timeout,
-      [](const std::string& line) { log_warn("coordination service: " + line); }});
+  auto service = CoordinationService::start(
+      ServiceConfig{state.identity.size, secret, port, state.settings.heartbeat_timeout,
+                    [](const std::string& line) { log_warn("coordination service: " + line); }});
   if (!service.ok()) {
     const auto& id = state.identity;
     const std::string where = id.coordinator ? " (" + id.coordinator_from + "=" + id.coordinator->text() + ")" : "";
@@ -61,8 +61,9 @@ std::string bootstrap_over_pmix(Pool::State& state, std::string secret) {
   const std::string& zero = fetched.value();
   const auto first = zero.find('\n');
   const auto second = first == std::string::npos ? first : zero.find('\n', first + 1);
-  const auto port = second == std::string::npos ? std::nullopt
-                                                : parse_whole<std::uint16_t>(zero.substr(first + 1, second - first - 1));
+  const auto port = second == std::string::npos
+                        ? std::nullopt
+                        : parse_whole<std::uint16_t>(zero.substr(first + 1, second - first - 1));
   if (!port) throw PoolError(internal_error("process 0 sent no coordinator over PMIx"));
   id.coordinator = Address{zero.substr(0, first), *port};
   id.coordinator_from = "process 0, over PMIx";
@@ -94,13 +95,13 @@ void connect_client(Pool::State& state, const std::string& secret, Clock::time_p
   const std::uint16_t port = local && state.service ? state.service->port() : id.coordinator->port;
   log_debug("join: connecting to the coordination service at " + host_port(host, std::to_string(port)));
   Pool::State* raw = &state;
-  auto client = CoordinationClient::connect(
-      ClientConfig{host, port, id.rank, id.size, secret, state.settings.heartbeat_timeout, deadline,
-                   state.settings.join_timeout, [raw](const PeerFailure&) {
-                     std::lock_guard lock(raw->mutex);
-                     if (!raw->failure_heard) raw->failure_heard = Clock::now();
-                     raw->changed.notify_all();
-                   }});
+  auto client =
+      CoordinationClient::connect(ClientConfig{host, port, id.rank, id.size, secret, state.settings.heartbeat_timeout,
+                                               deadline, state.settings.join_timeout, [raw](const PeerFailure&) {
+                                                 std::lock_guard lock(raw->mutex);
+                                                 if (!raw->failure_heard) raw->failure_heard = Clock::now();
+                                                 raw->changed.notify_all();
+                                               }});
   if (!client.ok()) throw PoolError(client.error());
   state.client = std::move(client.value());
 }
@@ -163,8 +164,8 @@ void agree_joined(Pool::State& state, Clock::time_point started) {
   if (!agreed.ok() && agreed.error().code == ErrorCode::kTimeout && !state.client->failure()) {
     state.end_for_peer(PeerFailure{0, "the coordination service at " + state.identity.coordinator->text() +
                                           " stopped answering during the join (process 0 stopped or overloaded); "
-                                          "waited " + seconds_of(state.settings.join_timeout) +
-                                          " (DEW_JOIN_TIMEOUT_SECONDS)"});
+                                          "waited " +
+                                          seconds_of(state.settings.join_timeout) + " (DEW_JOIN_TIMEOUT_SECONDS)"});
   }
   const auto missing = state.checked(std::move(agreed));
   if (!missing.empty()) {
@@ -311,11 +312,10 @@ std::vector<std::string> Pool::all_gather(const std::string& bytes) {
   // Every process's part comes back in one reply to each.
   const auto per_process = wire::kMaxGatheredBytes / static_cast<std::size_t>(size()) - 4;
   if (bytes.size() > per_process) {
-    throw PoolError(invalid_argument(what + ": the payload of " + std::to_string(bytes.size()) +
-                                     " bytes is over the limit of " + std::to_string(per_process) +
-                                     " bytes a process for a pool of " + std::to_string(size()) + " (" +
-                                     mib(wire::kMaxGatheredBytes) +
-                                     " a round); send large data over a communicator (dew/comm.h)"));
+    throw PoolError(invalid_argument(
+        what + ": the payload of " + std::to_string(bytes.size()) + " bytes is over the limit of " +
+        std::to_string(per_process) + " bytes a process for a pool of " + std::to_string(size()) + " (" +
+        mib(wire::kMaxGatheredBytes) + " a round); send large data over a communicator (dew/comm.h)"));
   }
   ++state_->gather_round;
   if (!state_->client) return {bytes};
@@ -330,9 +330,10 @@ std::vector<std::string> Pool::all_gather(const std::string& bytes) {
   std::vector<int> missing;
   auto parts = state_->checked(state_->client->gather(name, bytes, state_->settings.agreement_patience, missing));
   if (!missing.empty()) {
-    throw PoolError(timeout_error(what + " ran out of patience after " + seconds_of(state_->settings.agreement_patience) +
-                                  ": " + processes_text(missing) + " never arrived"),
-                    missing);
+    throw PoolError(
+        timeout_error(what + " ran out of patience after " + seconds_of(state_->settings.agreement_patience) + ": " +
+                      processes_text(missing) + " never arrived"),
+        missing);
   }
   return parts;
 }
@@ -344,8 +345,8 @@ void Pool::agree(const std::string& name, std::chrono::milliseconds patience) {
   const unsigned round = state_->agreement_rounds[name]++;
   auto missing = state_->checked(state_->client->agree(name + "#" + std::to_string(round), patience));
   if (!missing.empty()) {
-    throw PoolError(timeout_error("agreement '" + name + "' ran out of patience after " + seconds_of(patience) +
-                                  ": " + processes_text(missing) + " never arrived"),
+    throw PoolError(timeout_error("agreement '" + name + "' ran out of patience after " + seconds_of(patience) + ": " +
+                                  processes_text(missing) + " never arrived"),
                     missing);
   }
 }

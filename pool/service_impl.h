@@ -6,9 +6,8 @@
 // unconnected_ranks). Private to runtime/pool/.
 #pragma once
 
-#include <asio.hpp>
-
 #include <array>
+#include <asio.hpp>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -51,9 +50,9 @@ struct CoordinationService::Impl {
   struct Session {
     explicit Session(tcp::socket s) : socket(std::move(s)) {}
     tcp::socket socket;
-    std::string peer;          // "127.0.0.1:40112", for log lines
-    std::string nonce;         // our challenge
-    int rank = -1;             // -1 until authenticated, -2 once refused
+    std::string peer;   // "127.0.0.1:40112", for log lines
+    std::string nonce;  // our challenge
+    int rank = -1;      // -1 until authenticated, -2 once refused
     bool bye = false;
     bool closed = false;
     Clock::time_point opened = Clock::now();
@@ -91,7 +90,8 @@ struct CoordinationService::Impl {
     int held_back = 0;
   };
 
-  explicit Impl(ServiceConfig c) : config(std::move(c)), acceptor(io), heartbeat(io), accept_pause(io), clients(config.size) {}
+  explicit Impl(ServiceConfig c)
+      : config(std::move(c)), acceptor(io), heartbeat(io), accept_pause(io), clients(config.size) {}
 
   ServiceConfig config;
   asio::io_context io;

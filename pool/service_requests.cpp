@@ -8,14 +8,18 @@
 namespace dew::runtime {
 void CoordinationService::Impl::handle(const SessionPtr& session, wire::Frame& frame) {
   switch (frame.type) {
-    case wire::Type::kHeartbeat: return;
+    case wire::Type::kHeartbeat:
+      return;
     case wire::Type::kBye: {
       session->bye = true;
       return;
     }
-    case wire::Type::kPut: return handle_put(frame);
-    case wire::Type::kGet: return handle_get(session, frame);
-    case wire::Type::kAgree: return handle_agree(session, frame);
+    case wire::Type::kPut:
+      return handle_put(frame);
+    case wire::Type::kGet:
+      return handle_get(session, frame);
+    case wire::Type::kAgree:
+      return handle_agree(session, frame);
     case wire::Type::kFail: {
       // A process may publish another's failure (one late to an agreement).
       const auto named = wire::decode_u64(frame.items[0]);
@@ -40,7 +44,7 @@ void CoordinationService::Impl::handle_put(wire::Frame& frame) {
 }
 
 std::optional<CoordinationService::Impl::Waiter> CoordinationService::Impl::take_waiter(std::vector<Waiter>& waiters,
-                                                                                      std::uint64_t id) {
+                                                                                        std::uint64_t id) {
   auto it = std::find_if(waiters.begin(), waiters.end(), [id](const Waiter& w) { return w.id == id; });
   if (it == waiters.end()) return std::nullopt;
   Waiter waiter = std::move(*it);
@@ -129,7 +133,8 @@ void CoordinationService::Impl::handle_gather(const SessionPtr& session, const s
     if (!waiter) return;
     std::set<int> arrived;
     for (auto& [rank, part] : found->second.parts) arrived.insert(rank);
-    send(waiter->session, wire::Frame{wire::Type::kAgreeTimeout, {waiter->request, dew::join(missing_from(arrived), ",")}});
+    send(waiter->session,
+         wire::Frame{wire::Type::kAgreeTimeout, {waiter->request, dew::join(missing_from(arrived), ",")}});
   });
 }
 

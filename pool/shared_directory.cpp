@@ -1,12 +1,13 @@
 // Pool calls built on all_gather: the shared-directory check and the
 // compile-cache key.
+#include <sodium.h>
+
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
-#include <sodium.h>
 
 #include "dew/hex.h"
 #include "dew/log.h"
@@ -55,12 +56,14 @@ void Pool::require_shared_directory(const std::string& path) {
   const auto tokens = all_gather(report);
   std::vector<std::string> problems;
   for (std::size_t r = 0; r < tokens.size(); ++r) {
-    if (tokens[r].rfind("error:", 0) == 0) problems.push_back("process " + std::to_string(r) + ": " + tokens[r].substr(6));
+    if (tokens[r].rfind("error:", 0) == 0)
+      problems.push_back("process " + std::to_string(r) + ": " + tokens[r].substr(6));
   }
   std::error_code ignored;
   if (!problems.empty()) {
     fs::remove(mine, ignored);
-    throw PoolError(invalid_argument("directory '" + path + "' is not usable by every process: " + dew::join(problems, "; ")));
+    throw PoolError(
+        invalid_argument("directory '" + path + "' is not usable by every process: " + dew::join(problems, "; ")));
   }
   // Step 2: everybody says whose tokens it sees.
   std::vector<int> seen;
@@ -110,9 +113,9 @@ std::optional<std::string> Pool::compile_cache_key(const std::string& fingerprin
     for (const auto& line : reference) {
       if (!theirs.count(line)) ours.push_back(line);
     }
-    text.push_back(processes_text(who) + " differ" + (who.size() == 1 ? "s" : "") + " from process 0: " +
-                   (differs.empty() ? "no line of their own" : dew::join(differs, ", ")) + " against process 0's " +
-                   (ours.empty() ? "no line of its own" : dew::join(ours, ", ")));
+    text.push_back(processes_text(who) + " differ" + (who.size() == 1 ? "s" : "") +
+                   " from process 0: " + (differs.empty() ? "no line of their own" : dew::join(differs, ", ")) +
+                   " against process 0's " + (ours.empty() ? "no line of its own" : dew::join(ours, ", ")));
   }
   log_warn("compile cache off: the processes do not compile for the same accelerators: " + dew::join(text, "; "));
   return std::nullopt;

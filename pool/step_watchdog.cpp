@@ -53,7 +53,8 @@ StepWatchdog::StepWatchdog(std::optional<std::chrono::milliseconds> bound) : sta
       }
       const auto step = s->steps;
       const auto deadline = *s->started + *s->bound;
-      if (s->changed.wait_until(lock, deadline, [&] { return s->stopping || s->steps != step || !s->started; })) continue;
+      if (s->changed.wait_until(lock, deadline, [&] { return s->stopping || s->steps != step || !s->started; }))
+        continue;
       const auto bound = *s->bound;
       lock.unlock();
       detail::fail_process("step " + std::to_string(step) + " ran longer than its bound of " + bound_text(bound) +

@@ -149,8 +149,7 @@ DecodedViews decode_views(std::string_view buffer, std::size_t max_frame_bytes) 
   };
   if (length == 0) return bad("empty frame (length 0; a frame holds at least its type byte)");
   if (length > max_frame_bytes) {
-    return bad("frame of " + std::to_string(length) + " bytes is over the limit of " +
-               std::to_string(max_frame_bytes));
+    return bad("frame of " + std::to_string(length) + " bytes is over the limit of " + std::to_string(max_frame_bytes));
   }
   // The type is checked before the whole frame arrives, so garbage is refused
   // at its first bytes rather than after waiting for a length it made up.
@@ -178,9 +177,9 @@ DecodedViews decode_views(std::string_view buffer, std::size_t max_frame_bytes) 
   }
   if (!item_count_allowed(result.type, result.items.size())) {
     const Shape& shape = kShapes[type_byte];
-    return bad(kind + " frame with " + std::to_string(result.items.size()) + " items (allowed: " +
-               std::to_string(shape.min_items) +
-               (shape.max_items == kAny                ? " or more"
+    return bad(kind + " frame with " + std::to_string(result.items.size()) +
+               " items (allowed: " + std::to_string(shape.min_items) +
+               (shape.max_items == kAny              ? " or more"
                 : shape.max_items == shape.min_items ? ""
                                                      : "-" + std::to_string(shape.max_items)) +
                ")");

@@ -17,23 +17,23 @@
 namespace dew::runtime::wire {
 
 enum class Type : std::uint8_t {
-  kChallenge = 1,     // service -> client: nonce
-  kHello = 2,         // client -> service: rank, size, client nonce, MAC
-  kWelcome = 3,       // service -> client: MAC over the client's nonce
-  kRefused = 4,       // service -> client: reason (then the service closes)
-  kPut = 5,           // key, value
-  kGet = 6,           // request id, key, timeout ms
-  kValue = 7,         // request id, value
-  kNotFound = 8,      // request id
-  kAgree = 9,         // request id, name, patience ms
-  kAgreed = 10,       // request id
-  kAgreeTimeout = 11, // request id, missing ranks ("2,3")
-  kGather = 12,       // request id, round name, bytes, patience ms
-  kGathered = 13,     // request id, then one item per rank
-  kFail = 14,         // client -> service: rank, message
-  kFailure = 15,      // service -> clients: rank, message
-  kHeartbeat = 16,    // either way, no items
-  kBye = 17,          // client -> service: leaving normally
+  kChallenge = 1,      // service -> client: nonce
+  kHello = 2,          // client -> service: rank, size, client nonce, MAC
+  kWelcome = 3,        // service -> client: MAC over the client's nonce
+  kRefused = 4,        // service -> client: reason (then the service closes)
+  kPut = 5,            // key, value
+  kGet = 6,            // request id, key, timeout ms
+  kValue = 7,          // request id, value
+  kNotFound = 8,       // request id
+  kAgree = 9,          // request id, name, patience ms
+  kAgreed = 10,        // request id
+  kAgreeTimeout = 11,  // request id, missing ranks ("2,3")
+  kGather = 12,        // request id, round name, bytes, patience ms
+  kGathered = 13,      // request id, then one item per rank
+  kFail = 14,          // client -> service: rank, message
+  kFailure = 15,       // service -> clients: rank, message
+  kHeartbeat = 16,     // either way, no items
+  kBye = 17,           // client -> service: leaving normally
 };
 
 struct Frame {
@@ -60,7 +60,7 @@ std::string encode(Type type, const std::vector<std::string_view>& items);
 //   encode_head(t, a, encode_items(b).size()) + encode_items(b) == encode({t, a + b})
 std::string encode_items(const std::vector<std::string>& items);
 void append_item(std::string& out, std::string_view item);  // one item of encode_items()
-std::string encode_length(std::size_t bytes);                // the 4 bytes before an item
+std::string encode_length(std::size_t bytes);               // the 4 bytes before an item
 std::string encode_head(Type type, const std::vector<std::string>& leading, std::size_t tail_bytes);
 // The bytes encode() makes of a frame with items of these sizes.
 std::size_t encoded_size(const std::vector<std::size_t>& item_sizes);
@@ -74,9 +74,9 @@ enum class DecodeStatus { kNeedMore, kFrame, kBad };
 
 struct Decoded {
   DecodeStatus status = DecodeStatus::kNeedMore;
-  Frame frame;              // when kFrame
-  std::size_t consumed = 0; // bytes of `buffer` the frame took, when kFrame
-  std::string error;        // when kBad: one line naming what is wrong
+  Frame frame;               // when kFrame
+  std::size_t consumed = 0;  // bytes of `buffer` the frame took, when kFrame
+  std::string error;         // when kBad: one line naming what is wrong
 };
 
 // What decode() finds, with the items left in place: views into the buffer,

@@ -74,8 +74,8 @@ py::tuple build_mesh(const py::object& spec, std::optional<int> processes, std::
   return py::make_tuple(ids, names);
 }
 
-py::tuple choose_exchange(int heads, int kv_heads, long long length, int sequence, int tensor,
-                          const std::string& mask, int head_dim, int bytes_per_value, const std::string& gather_kernel,
+py::tuple choose_exchange(int heads, int kv_heads, long long length, int sequence, int tensor, const std::string& mask,
+                          int head_dim, int bytes_per_value, const std::string& gather_kernel,
                           std::optional<long long> key_length) {
   attention::Call call;
   call.heads = heads;
@@ -112,8 +112,7 @@ void bind_mesh(py::module_& m) {
       .def("__str__", [](const mesh::MeshSpec& s) { return mesh::format_mesh_spec(s); })
       .def("__repr__", [](const mesh::MeshSpec& s) { return "dew.MeshSpec('" + mesh::format_mesh_spec(s) + "')"; });
   m.def("build_mesh", &build_mesh, py::arg("spec"), py::arg("processes") = py::none(),
-        py::arg("devices_per_process") = py::none(), py::arg("topology") = py::none(),
-        py::arg("devices") = py::none(),
+        py::arg("devices_per_process") = py::none(), py::arg("topology") = py::none(), py::arg("devices") = py::none(),
         "The mesh `dew mesh --json` prints: (numpy array of device ids shaped like the mesh, axis names). Over "
         "a CPU pool (processes x devices_per_process), a topology file, or a list of files (one per host). "
         "jax.sharding.Mesh(np.array(devices)[ids], names) is the JAX mesh, with devices sorted by "

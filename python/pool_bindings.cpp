@@ -81,8 +81,8 @@ void install_excepthooks() {
   const auto fail_with = [traceback](py::handle type, py::handle value, py::handle tb) {
     traceback.attr("print_exception")(type, value, tb);
     py::module_::import("sys").attr("stderr").attr("flush")();
-    const std::string line = py::str(type.attr("__name__")).cast<std::string>() + ": " +
-                             py::str(value).cast<std::string>();
+    const std::string line =
+        py::str(type.attr("__name__")).cast<std::string>() + ": " + py::str(value).cast<std::string>();
     auto& pool = the_pool();
     if (pool) pool->fail("uncaught exception: " + one_line(line), 1);
     std::_Exit(1);
@@ -104,8 +104,7 @@ runtime::Pool& prepare_process(std::optional<bool> multi_host, std::optional<dou
   options.failure_grace_fallback = std::chrono::milliseconds(1);
   add_xla_watchdog();
   try {
-    pool = std::make_unique<runtime::Pool>(
-        interruptible<runtime::Pool>([options] { return runtime::join(options); }));
+    pool = std::make_unique<runtime::Pool>(interruptible<runtime::Pool>([options] { return runtime::join(options); }));
   } catch (const runtime::PoolError& e) {
     throw_pool_error(e.code(), e.what());
   }
@@ -146,10 +145,12 @@ void bind_pool(py::module_& m) {
   py::class_<runtime::Pool>(m, "Pool", "This process's pool (from dew.prepare_process()).")
       .def_property_readonly("rank", &runtime::Pool::rank, "This process's rank, 0..size-1.")
       .def_property_readonly("size", &runtime::Pool::size, "The number of processes.")
-      .def_property_readonly("local_rank", [](const runtime::Pool& p) { return p.identity().local_rank; },
-                             "This process's index among the pool's processes on its node.")
-      .def_property_readonly("local_size", [](const runtime::Pool& p) { return p.identity().local_size; },
-                             "The pool's processes on this node.")
+      .def_property_readonly(
+          "local_rank", [](const runtime::Pool& p) { return p.identity().local_rank; },
+          "This process's index among the pool's processes on its node.")
+      .def_property_readonly(
+          "local_size", [](const runtime::Pool& p) { return p.identity().local_size; },
+          "The pool's processes on this node.")
       .def(
           "agree",
           [](runtime::Pool& p, const std::string& name, std::optional<double> patience) {
@@ -200,7 +201,10 @@ void bind_pool(py::module_& m) {
           py::arg("path"), "Raises dew.PoolError naming who sees what when path is not one shared directory.")
       .def(
           "compile_cache_key",
-          [](runtime::Pool& p) { return guarded<std::optional<std::string>>([&p] { return p.compile_cache_key(topology::accelerator_fingerprint()); }); },
+          [](runtime::Pool& p) {
+            return guarded<std::optional<std::string>>(
+                [&p] { return p.compile_cache_key(topology::accelerator_fingerprint()); });
+          },
           "A hash of every process's accelerator fingerprint, or None (with a line naming who differs).")
       .def(
           "fail", [](runtime::Pool& p, const std::string& message, int code) { p.fail(message, code); },

@@ -64,10 +64,10 @@ Result<std::string> parse_coordinator_host(std::string_view text, std::string_vi
       "IPv6 address in brackets";
   if (text.empty() || text.size() > 253) return not_allowed(option, text, allowed);
   if (text.front() == '[') {
-    const bool ipv6 = text.size() > 2 && text.back() == ']' &&
-                      std::all_of(text.begin() + 1, text.end() - 1, [](char c) {
-                        return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.';
-                      });
+    const bool ipv6 =
+        text.size() > 2 && text.back() == ']' && std::all_of(text.begin() + 1, text.end() - 1, [](char c) {
+          return std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.';
+        });
     if (!ipv6) return not_allowed(option, text, allowed);
     return std::string(text);
   }
@@ -86,8 +86,8 @@ Result<PlugstackConfig> parse_plugstack_args(const std::vector<std::string>& arg
   for (const auto& arg : args) {
     auto equals = arg.find('=');
     if (equals == std::string::npos) {
-      return invalid_argument("plugstack.conf: argument '" + arg + "' is not key=value; allowed: " +
-                              std::string(allowed_keys));
+      return invalid_argument("plugstack.conf: argument '" + arg +
+                              "' is not key=value; allowed: " + std::string(allowed_keys));
     }
     const std::string key = arg.substr(0, equals);
     const std::string_view value = std::string_view(arg).substr(equals + 1);
@@ -137,8 +137,8 @@ Result<PoolOptions> check_pool_options(PoolOptions options) {
 Result<Done> note_option(SeenOptions& seen, std::string_view option, std::string_view text) {
   const auto [at, added] = seen.emplace(std::string(option), std::string(text));
   if (added || at->second == text) return Done{};
-  return invalid_argument(std::string(option) + " was given twice, as " + quoted(at->second) + " and " +
-                          quoted(text) + "; allowed: one value (or the same one again)");
+  return invalid_argument(std::string(option) + " was given twice, as " + quoted(at->second) + " and " + quoted(text) +
+                          "; allowed: one value (or the same one again)");
 }
 
 }  // namespace dew::spank

@@ -97,14 +97,22 @@ int store(Result<T> parsed, auto& slot) {
 // The option's name for note_option and its errors.
 const char* option_name(int id) {
   switch (id) {
-    case kPool: return "--dew-pool";
-    case kMultiHost: return "--dew-multi-host";
-    case kDevicesPerProcess: return "--dew-devices-per-process";
-    case kPort: return "--dew-port";
-    case kCoordinator: return "--dew-coordinator";
-    case kWatchdog: return "--dew-watchdog";
-    case kKillOnBadExit: return "--dew-kill-on-bad-exit";
-    default: return "--dew-?";
+    case kPool:
+      return "--dew-pool";
+    case kMultiHost:
+      return "--dew-multi-host";
+    case kDevicesPerProcess:
+      return "--dew-devices-per-process";
+    case kPort:
+      return "--dew-port";
+    case kCoordinator:
+      return "--dew-coordinator";
+    case kWatchdog:
+      return "--dew-watchdog";
+    case kKillOnBadExit:
+      return "--dew-kill-on-bad-exit";
+    default:
+      return "--dew-?";
   }
 }
 
@@ -120,15 +128,25 @@ int on_option(int id, const char* optarg, int /*remote*/) {
       return -1;
     }
     switch (id) {
-      case kPool: g_options.pool = true; return 0;
-      case kMultiHost: g_options.multi_host = true; return 0;
+      case kPool:
+        g_options.pool = true;
+        return 0;
+      case kMultiHost:
+        g_options.multi_host = true;
+        return 0;
       case kDevicesPerProcess:
-        return store(parse_devices_per_process_option(value, "--dew-devices-per-process"), g_options.devices_per_process);
-      case kPort: return store(parse_port(value, "--dew-port"), g_options.port);
-      case kCoordinator: return store(parse_coordinator_host(value, "--dew-coordinator"), g_options.coordinator);
-      case kWatchdog: return store(parse_watchdog(value, "--dew-watchdog"), g_options.watchdog);
-      case kKillOnBadExit: return store(parse_yes_no(value, "--dew-kill-on-bad-exit"), g_options.kill_on_bad_exit);
-      default: return -1;
+        return store(parse_devices_per_process_option(value, "--dew-devices-per-process"),
+                     g_options.devices_per_process);
+      case kPort:
+        return store(parse_port(value, "--dew-port"), g_options.port);
+      case kCoordinator:
+        return store(parse_coordinator_host(value, "--dew-coordinator"), g_options.coordinator);
+      case kWatchdog:
+        return store(parse_watchdog(value, "--dew-watchdog"), g_options.watchdog);
+      case kKillOnBadExit:
+        return store(parse_yes_no(value, "--dew-kill-on-bad-exit"), g_options.kill_on_bad_exit);
+      default:
+        return -1;
     }
   });
 }
@@ -187,8 +205,7 @@ Result<TaskFacts> gather_task_facts(spank_t sp) {
   int local_task = 0;
   const bool items = get_item(sp, S_JOB_ID, facts.job_id) && get_item(sp, S_JOB_STEPID, facts.step_id) &&
                      get_item(sp, S_TASK_GLOBAL_ID, facts.global_task) &&
-                     get_item(sp, S_JOB_TOTAL_TASK_COUNT, facts.task_count) &&
-                     get_item(sp, S_TASK_ID, local_task) &&
+                     get_item(sp, S_JOB_TOTAL_TASK_COUNT, facts.task_count) && get_item(sp, S_TASK_ID, local_task) &&
                      get_item(sp, S_JOB_LOCAL_TASK_COUNT, facts.local_task_count) &&
                      get_item(sp, S_JOB_NODEID, facts.node_id);
   if (!items || local_task < 0) return internal_error("slurmstepd did not give the task's ids");
@@ -242,7 +259,8 @@ int task_exit(spank_t sp) {
   }
   const auto end = classify_task_end(status, rank, job, step, g_step_ending);
   switch (end.kind) {
-    case TaskEnd::kClean: return 0;
+    case TaskEnd::kClean:
+      return 0;
     case TaskEnd::kStepEnding:
       g_step_ending = true;
       slurm_info("dew: %s", end.line.c_str());
@@ -251,7 +269,8 @@ int task_exit(spank_t sp) {
       slurm_info("dew: %s", end.line.c_str());
       if (!g_step_ending) g_step_ender.end_later(job, step, end.line);
       return 0;
-    case TaskEnd::kFailed: break;
+    case TaskEnd::kFailed:
+      break;
   }
   // One line and one end of the step per node: the first failure here.
   if (g_step_ending) return 0;

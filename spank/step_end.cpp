@@ -33,9 +33,9 @@ void StepEnder::end_now(std::uint32_t job, std::uint32_t step) {
     pending_.clear();  // a fallback is moot now
   }
   send(Pending{job, step, kStepEndSignal, ""});
-  schedule(Clock::now() + kStepKillGrace,
-           Pending{job, step, SIGKILL, "ending step " + std::to_string(job) + "." + std::to_string(step) +
-                                           ": SIGKILL to the tasks still running after SIGTERM"});
+  schedule(Clock::now() + kStepKillGrace, Pending{job, step, SIGKILL,
+                                                  "ending step " + std::to_string(job) + "." + std::to_string(step) +
+                                                      ": SIGKILL to the tasks still running after SIGTERM"});
 }
 
 void StepEnder::end_later(std::uint32_t job, std::uint32_t step, const std::string& why) {
@@ -91,7 +91,8 @@ void StepEnder::send(const Pending& pending) {
     return;
   }
   if (slurm_kill_job_step(pending.job, pending.step, static_cast<std::uint16_t>(pending.signal)) != 0) {
-    slurm_info("dew: signal %d to step %u.%u not delivered (ended already?)", pending.signal, pending.job, pending.step);
+    slurm_info("dew: signal %d to step %u.%u not delivered (ended already?)", pending.signal, pending.job,
+               pending.step);
     return;
   }
   if (pending.signal == kStepEndSignal) slurm_kill_job_step(pending.job, pending.step, SIGCONT);

@@ -22,16 +22,14 @@ Result<std::string> coordinator_host(const TaskFacts& facts, const PoolOptions& 
 
 Result<EnvPlan> plan_task_environment(const TaskFacts& facts, const PoolOptions& options,
                                       const PlugstackConfig& config) {
-  if (facts.task_count == 0 || facts.global_task >= facts.task_count ||
-      facts.local_task_count == 0 || facts.local_task >= facts.local_task_count) {
-    return internal_error("inconsistent task numbers from Slurm: task " + std::to_string(facts.global_task) +
-                          " of " + std::to_string(facts.task_count) + ", local task " +
-                          std::to_string(facts.local_task) + " of " + std::to_string(facts.local_task_count));
+  if (facts.task_count == 0 || facts.global_task >= facts.task_count || facts.local_task_count == 0 ||
+      facts.local_task >= facts.local_task_count) {
+    return internal_error("inconsistent task numbers from Slurm: task " + std::to_string(facts.global_task) + " of " +
+                          std::to_string(facts.task_count) + ", local task " + std::to_string(facts.local_task) +
+                          " of " + std::to_string(facts.local_task_count));
   }
   EnvPlan plan;
-  auto set = [&plan](std::string name, std::string value) {
-    plan.set.emplace_back(std::move(name), std::move(value));
-  };
+  auto set = [&plan](std::string name, std::string value) { plan.set.emplace_back(std::move(name), std::move(value)); };
   // One task forms no pool unless asked (multi_host in the design): it runs alone.
   const bool pool = facts.task_count > 1 || options.multi_host;
   set("DEW_PROCESS_ID", pool ? std::to_string(facts.global_task) : "0");
@@ -49,8 +47,9 @@ Result<EnvPlan> plan_task_environment(const TaskFacts& facts, const PoolOptions&
     set("DEW_COORDINATOR_ADDRESS", address);
     set("JAX_COORDINATOR_ADDRESS", address);
     if (!facts.pool_secret || facts.pool_secret->empty()) {
-      return unavailable("no pool secret reached this task from srun; is spank_dew.so listed in the "
-                         "plugstack.conf that srun reads (SLURM_CONF)?");
+      return unavailable(
+          "no pool secret reached this task from srun; is spank_dew.so listed in the "
+          "plugstack.conf that srun reads (SLURM_CONF)?");
     }
     set("DEW_POOL_SECRET", *facts.pool_secret);
   } else {
@@ -99,11 +98,13 @@ TaskEndReport classify_task_end(int wait_status, std::uint32_t rank, std::uint32
   const bool signaled = WIFSIGNALED(wait_status);
   const int signal_number = signaled ? WTERMSIG(wait_status) : 0;
   if (signaled && (signal_number == kStepEndSignal || (signal_number == SIGKILL && step_ending))) {
-    return {TaskEnd::kStepEnding, who + " ended with " + describe_wait_status(wait_status) + ": " + step + " is ending"};
+    return {TaskEnd::kStepEnding,
+            who + " ended with " + describe_wait_status(wait_status) + ": " + step + " is ending"};
   }
-  const std::string outside = signal_number == SIGKILL ? ", killed from outside the step (the OOM killer, kill -9)" : "";
-  return {TaskEnd::kFailed,
-          who + " ended with " + describe_wait_status(wait_status) + outside + "; ending " + step + " (kill-on-bad-exit)"};
+  const std::string outside =
+      signal_number == SIGKILL ? ", killed from outside the step (the OOM killer, kill -9)" : "";
+  return {TaskEnd::kFailed, who + " ended with " + describe_wait_status(wait_status) + outside + "; ending " + step +
+                                " (kill-on-bad-exit)"};
 }
 
 }  // namespace dew::spank

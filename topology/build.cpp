@@ -22,8 +22,7 @@ bool contains_nocase(std::string_view text, std::string_view word) {
   for (std::size_t i = 0; i + word.size() <= text.size(); ++i) {
     bool same = true;
     for (std::size_t k = 0; k < word.size() && same; ++k) {
-      same = std::tolower(static_cast<unsigned char>(text[i + k])) ==
-             std::tolower(static_cast<unsigned char>(word[k]));
+      same = std::tolower(static_cast<unsigned char>(text[i + k])) == std::tolower(static_cast<unsigned char>(word[k]));
     }
     if (same) return true;
   }
@@ -61,8 +60,7 @@ std::pair<double, bool> bundle_gbps(const NvLinkBundle& bundle, const GpuSite& s
 PathClass pcie_path_class(const PciPlace& a, const PciPlace& b, bool single_numa) {
   if (a.root == b.root) {
     std::size_t shared = 0;
-    while (shared < a.switches.size() && shared < b.switches.size() &&
-           a.switches[shared] == b.switches[shared]) {
+    while (shared < a.switches.size() && shared < b.switches.size() && a.switches[shared] == b.switches[shared]) {
       ++shared;
     }
     // No shared switch: the lowest common point is the host bridge itself.
@@ -126,13 +124,23 @@ NvLinkMatrix nvlink_matrix(const std::vector<GpuSite>& gpus, const std::vector<N
 double nvlink_gbps_per_link(std::string_view model, int sm) {
   // One link, one direction, as NVIDIA specifies each generation.
   switch (sm) {
-    case 60: return 20.0;                          // NVLink 1 (P100)
-    case 70: case 72: case 75: return 25.0;        // NVLink 2 (V100, Xavier, Turing)
-    case 80: return 25.0;                          // NVLink 3 (A100)
-    case 86: return 14.0625;                       // NVLink 3 on GA10x (RTX 3090, A40, A6000)
-    case 90: return 25.0;                          // NVLink 4 (H100, H200)
-    case 100: case 103: return 50.0;               // NVLink 5 (B200, GB200, B300)
-    default: break;
+    case 60:
+      return 20.0;  // NVLink 1 (P100)
+    case 70:
+    case 72:
+    case 75:
+      return 25.0;  // NVLink 2 (V100, Xavier, Turing)
+    case 80:
+      return 25.0;  // NVLink 3 (A100)
+    case 86:
+      return 14.0625;  // NVLink 3 on GA10x (RTX 3090, A40, A6000)
+    case 90:
+      return 25.0;  // NVLink 4 (H100, H200)
+    case 100:
+    case 103:
+      return 50.0;  // NVLink 5 (B200, GB200, B300)
+    default:
+      break;
   }
   // Names: the more specific first ("A100" before "A10").
   struct Rule {
@@ -140,11 +148,10 @@ double nvlink_gbps_per_link(std::string_view model, int sm) {
     double gbps;
   };
   static constexpr std::array<Rule, 19> kRules{{
-      {"P100", 20.0},    {"V100", 25.0},  {"A100", 25.0},   {"A800", 25.0},   {"A30", 25.0},
-      {"H100", 25.0},    {"H200", 25.0},  {"H800", 25.0},   {"H20", 25.0},    {"B200", 50.0},
-      {"B100", 50.0},    {"B300", 50.0},  {"RTX 3090", 14.0625}, {"A6000", 14.0625},
-      {"A5000", 14.0625}, {"A4500", 14.0625}, {"A40", 14.0625}, {"TITAN V", 25.0},
-      {"Quadro GV100", 25.0},
+      {"P100", 20.0},     {"V100", 25.0},   {"A100", 25.0},        {"A800", 25.0},         {"A30", 25.0},
+      {"H100", 25.0},     {"H200", 25.0},   {"H800", 25.0},        {"H20", 25.0},          {"B200", 50.0},
+      {"B100", 50.0},     {"B300", 50.0},   {"RTX 3090", 14.0625}, {"A6000", 14.0625},     {"A5000", 14.0625},
+      {"A4500", 14.0625}, {"A40", 14.0625}, {"TITAN V", 25.0},     {"Quadro GV100", 25.0},
   }};
   for (const Rule& rule : kRules) {
     if (contains_nocase(model, rule.word)) return rule.gbps;
@@ -166,12 +173,18 @@ double pcie_bandwidth_gbps(PathClass path, double pcie_gbps) {
   // are (docs/design/topology.md). SYS: 0.4 x 15.75 = 6.3 GB/s, what an
   // all-to-all moved across the sockets of a PCIe 3.0 box of RTX 3090s.
   switch (path) {
-    case PathClass::kPIX: return pcie_gbps * 1.0;
-    case PathClass::kPXB: return pcie_gbps * 0.9;
-    case PathClass::kPHB: return pcie_gbps * 0.7;
-    case PathClass::kNODE: return pcie_gbps * 0.6;
-    case PathClass::kSYS: return pcie_gbps * 0.4;
-    default: return 0.0;
+    case PathClass::kPIX:
+      return pcie_gbps * 1.0;
+    case PathClass::kPXB:
+      return pcie_gbps * 0.9;
+    case PathClass::kPHB:
+      return pcie_gbps * 0.7;
+    case PathClass::kNODE:
+      return pcie_gbps * 0.6;
+    case PathClass::kSYS:
+      return pcie_gbps * 0.4;
+    default:
+      return 0.0;
   }
 }
 
@@ -182,8 +195,8 @@ Result<std::string> cpumask_to_list(std::string_view mask) {
   std::size_t start = 0;
   while (true) {
     std::size_t comma = mask.find(',', start);
-    std::string_view word = mask.substr(start, comma == std::string_view::npos ? std::string_view::npos
-                                                                                : comma - start);
+    std::string_view word =
+        mask.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
     if (word.size() > 2 && word[0] == '0' && (word[1] == 'x' || word[1] == 'X')) word.remove_prefix(2);
     if (word.empty()) {
       words.push_back(0);  // hwloc writes all-zero words as nothing: "0x3,,0x0"
@@ -191,13 +204,13 @@ Result<std::string> cpumask_to_list(std::string_view mask) {
       auto value = parse_hex(word, 8);
       if (!value) {
         return invalid_argument("cpu mask '" + printable(mask) +
-                     "' is not allowed; allowed: comma-separated words of up to 8 hex digits");
+                                "' is not allowed; allowed: comma-separated words of up to 8 hex digits");
       }
       words.push_back(static_cast<std::uint32_t>(*value));
     }
     if (words.size() > kMaxWords) {
       return invalid_argument("cpu mask has more than " + std::to_string(kMaxWords) + " words; allowed: at most " +
-                   std::to_string(kMaxWords));
+                              std::to_string(kMaxWords));
     }
     if (comma == std::string_view::npos) break;
     start = comma + 1;
@@ -344,12 +357,11 @@ Topology assemble(Draft draft) {
   std::vector<GpuSite>& sites = draft.gpus;
   // CUDA_DEVICE_ORDER=PCI_BUS_ID order, when every GPU has a bus id (given
   // matrices keep the order the file numbers them in).
-  const bool all_bus_ids = std::all_of(sites.begin(), sites.end(),
-                                       [](const GpuSite& s) { return !s.gpu.pci_bus_id.empty(); });
+  const bool all_bus_ids =
+      std::all_of(sites.begin(), sites.end(), [](const GpuSite& s) { return !s.gpu.pci_bus_id.empty(); });
   if (draft.given_path.empty() && all_bus_ids) {
-    std::stable_sort(sites.begin(), sites.end(), [](const GpuSite& a, const GpuSite& b) {
-      return a.gpu.pci_bus_id < b.gpu.pci_bus_id;
-    });
+    std::stable_sort(sites.begin(), sites.end(),
+                     [](const GpuSite& a, const GpuSite& b) { return a.gpu.pci_bus_id < b.gpu.pci_bus_id; });
   }
   Guesses guessed;
   fill_matrices(draft, topology, guessed);

@@ -27,19 +27,19 @@ struct PciPlace {
 };
 
 struct GpuSite {
-  Gpu gpu;                           // index is assigned by assemble()
-  std::optional<PciPlace> place;     // absent when the source does not say
-  double pcie_gbps = 0;              // the GPU's own PCIe link; 0: unknown
-  double nvlink_gbps_per_link = 0;   // one NVLink, one direction; 0: unknown
+  Gpu gpu;                          // index is assigned by assemble()
+  std::optional<PciPlace> place;    // absent when the source does not say
+  double pcie_gbps = 0;             // the GPU's own PCIe link; 0: unknown
+  double nvlink_gbps_per_link = 0;  // one NVLink, one direction; 0: unknown
 };
 
 // Bonded NVLinks leaving one GPU, to another GPU or to an NVSwitch.
 struct NvLinkBundle {
-  std::string gpu;           // the GPU's pci_bus_id
-  std::string peer;          // a GPU's pci_bus_id, or an NVSwitch's id
+  std::string gpu;   // the GPU's pci_bus_id
+  std::string peer;  // a GPU's pci_bus_id, or an NVSwitch's id
   bool peer_is_switch = false;
   int links = 0;
-  double gbps = 0;           // the bundle's bandwidth; 0: links x the GPU's per-link rate
+  double gbps = 0;  // the bundle's bandwidth; 0: links x the GPU's per-link rate
 };
 
 struct Draft {

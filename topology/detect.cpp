@@ -4,8 +4,8 @@
 #include <string>
 #include <string_view>
 
-#include "dew/topology.h"
 #include "build.h"
+#include "dew/topology.h"
 
 namespace dew::topology {
 namespace {
@@ -119,24 +119,36 @@ TopologyFormat detect_topology_format(std::string_view content) {
 
 std::string_view format_name(TopologyFormat format) {
   switch (format) {
-    case TopologyFormat::kHwlocXml: return "hwloc XML";
-    case TopologyFormat::kNcclXml: return "NCCL topology XML";
-    case TopologyFormat::kNvidiaSmiText: return "nvidia-smi topo -m text";
-    case TopologyFormat::kUnknown: break;
+    case TopologyFormat::kHwlocXml:
+      return "hwloc XML";
+    case TopologyFormat::kNcclXml:
+      return "NCCL topology XML";
+    case TopologyFormat::kNvidiaSmiText:
+      return "nvidia-smi topo -m text";
+    case TopologyFormat::kUnknown:
+      break;
   }
   return "unknown";
 }
 
 std::string path_class_label(PathClass path, int nvlinks) {
   switch (path) {
-    case PathClass::kSelf: return "X";
-    case PathClass::kNVLink: return "NV" + std::to_string(nvlinks);
-    case PathClass::kPIX: return "PIX";
-    case PathClass::kPXB: return "PXB";
-    case PathClass::kPHB: return "PHB";
-    case PathClass::kNODE: return "NODE";
-    case PathClass::kSYS: return "SYS";
-    case PathClass::kUnknown: break;
+    case PathClass::kSelf:
+      return "X";
+    case PathClass::kNVLink:
+      return "NV" + std::to_string(nvlinks);
+    case PathClass::kPIX:
+      return "PIX";
+    case PathClass::kPXB:
+      return "PXB";
+    case PathClass::kPHB:
+      return "PHB";
+    case PathClass::kNODE:
+      return "NODE";
+    case PathClass::kSYS:
+      return "SYS";
+    case PathClass::kUnknown:
+      break;
   }
   return "?";
 }

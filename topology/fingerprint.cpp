@@ -47,8 +47,9 @@ std::string cpu_lines() {
   std::string line;
   std::string model = "unknown";
   std::set<std::string> flags;
-  static const std::set<std::string> kIsa = {"sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl",
-                                             "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "asimd", "sve"};
+  static const std::set<std::string> kIsa = {"sse4_2",   "avx",      "avx2",        "fma",         "avx512f",
+                                             "avx512bw", "avx512vl", "avx512_bf16", "avx512_fp16", "amx_tile",
+                                             "amx_bf16", "asimd",    "sve"};
   while (std::getline(cpuinfo, line)) {
     const auto colon = line.find(':');
     if (colon == std::string::npos) continue;
@@ -82,7 +83,8 @@ std::string accelerator_fingerprint() {
   if (auto runtime = library_version({"libcudart.so", "libcudart.so.13", "libcudart.so.12"}, "cudaRuntimeGetVersion")) {
     out << "cuda.runtime=" << *runtime << "\n";
   }
-  if (auto cudnn = plain_version({"libcudnn.so", "libcudnn.so.9", "libcudnn.so.8"}, "cudnnGetVersion")) out << "cudnn=" << *cudnn << "\n";
+  if (auto cudnn = plain_version({"libcudnn.so", "libcudnn.so.9", "libcudnn.so.8"}, "cudnnGetVersion"))
+    out << "cudnn=" << *cudnn << "\n";
   if (auto cublas = plain_version({"libcublas.so", "libcublas.so.13", "libcublas.so.12"}, "cublasGetCudartVersion")) {
     out << "cublas.cudart=" << *cublas << "\n";
   }

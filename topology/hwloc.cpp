@@ -9,16 +9,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
-#include <csignal>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <algorithm>
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <type_traits>
@@ -343,10 +343,11 @@ std::optional<Error> hwloc_survives(const std::string& buffer, const std::string
   if (ready == 0) return timeout_error(label + ": hwloc did not finish reading it within 60 s");
   if (WIFSIGNALED(status)) {
     return invalid_argument(label + ": hwloc crashed reading it (" + strsignal(WTERMSIG(status)) +
-                 "): an element or attribute it needs is missing or inconsistent");
+                            "): an element or attribute it needs is missing or inconsistent");
   }
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    return invalid_argument(label + ": hwloc failed reading it (exit status " + std::to_string(WEXITSTATUS(status)) + ")");
+    return invalid_argument(label + ": hwloc failed reading it (exit status " + std::to_string(WEXITSTATUS(status)) +
+                            ")");
   }
   return std::nullopt;
 }
@@ -360,12 +361,13 @@ Result<Draft> read_hwloc_xml(std::string_view content, std::string_view name, in
   const unsigned api = hwloc_get_api_version();
   const int major = static_cast<int>(api >> 16);
   if (xml_version > major) {
-    const std::string here = std::to_string(major) + "." + std::to_string((api >> 8) & 0xff) + "." +
-                             std::to_string(api & 0xff);
+    const std::string here =
+        std::to_string(major) + "." + std::to_string((api >> 8) & 0xff) + "." + std::to_string(api & 0xff);
     return unsupported(label + ": hwloc XML version " + std::to_string(xml_version) + ".0 is hwloc " +
                        std::to_string(xml_version) + "'s format; Dew reads hwloc XML with the hwloc here, " + here +
-                       ", which reads versions 1 to " + std::to_string(major) + " (save the file with lstopo of hwloc " +
-                       std::to_string(major) + " on that machine, or use its NCCL topology or nvidia-smi topo -m)");
+                       ", which reads versions 1 to " + std::to_string(major) +
+                       " (save the file with lstopo of hwloc " + std::to_string(major) +
+                       " on that machine, or use its NCCL topology or nvidia-smi topo -m)");
   }
   auto topology = new_topology(label);
   if (!topology.ok()) return topology.error();
@@ -378,7 +380,7 @@ Result<Draft> read_hwloc_xml(std::string_view content, std::string_view name, in
   }
   if (hwloc_topology_load(topology.value().get()) != 0) {
     return invalid_argument(label + ": hwloc rejected it as a topology (" + std::strerror(errno) +
-                 "): an element or attribute it needs is missing or invalid");
+                            "): an element or attribute it needs is missing or invalid");
   }
   Draft draft = draft_of(topology.value().get(), false);
   draft.source = "hwloc XML v" + std::to_string(xml_version) + " (" + base_name(name) + ")";

@@ -5,9 +5,9 @@
 #include <set>
 #include <string>
 
+#include "build.h"
 #include "dew/nvml.h"
 #include "dew/topology.h"
-#include "build.h"
 
 namespace dew::topology {
 namespace detail {
@@ -48,8 +48,8 @@ void merge_nvml(Draft& draft, const NvmlReport& report, std::string_view boot_id
       bundle.links = links.links;
       const bool to_gpu = links.kind == NvmlPeer::kGpu ||
                           (links.kind == NvmlPeer::kUnknown && nvml_gpus.count(links.remote_bus_id) != 0);
-      const bool to_switch = links.kind == NvmlPeer::kSwitch ||
-                             (links.kind == NvmlPeer::kUnknown && !to_gpu && links.remote_is_nvidia);
+      const bool to_switch =
+          links.kind == NvmlPeer::kSwitch || (links.kind == NvmlPeer::kUnknown && !to_gpu && links.remote_is_nvidia);
       if (to_gpu) {
         bundle.peer = links.remote_bus_id;
       } else if (to_switch) {

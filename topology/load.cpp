@@ -7,12 +7,11 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <pugixml.hpp>
 #include <string>
 
-#include <pugixml.hpp>
-
-#include "dew/topology.h"
 #include "build.h"
+#include "dew/topology.h"
 
 namespace dew::topology {
 namespace {
@@ -21,14 +20,13 @@ namespace {
 // machine with every I/O device stays under a few MiB.
 constexpr std::uintmax_t kMaxFileBytes = 64u << 20;
 
-constexpr std::string_view kExpected =
-    "expected hwloc XML, NCCL topology XML or the text of `nvidia-smi topo -m`";
+constexpr std::string_view kExpected = "expected hwloc XML, NCCL topology XML or the text of `nvidia-smi topo -m`";
 
 // Bounds hwloc does not check and pays for in memory and time: a PU or NUMA
 // node without os_index makes hwloc set bit 2^32-1 of a bitmap (512 MiB, and
 // seconds), and a distance matrix of n objects holds n^2 values.
 std::optional<Error> check_hwloc_bounds(const pugi::xml_node& root, const std::string& name) {
-  constexpr unsigned long kMaxOsIndex = 1ul << 20;  // a million PUs or NUMA nodes
+  constexpr unsigned long kMaxOsIndex = 1ul << 20;        // a million PUs or NUMA nodes
   constexpr unsigned long long kMaxMatrixObjects = 1024;  // a DGX-2 has 28, an NVL72 rack ~110
   // Every element, depth first, without recursion (the nesting is the file's).
   for (pugi::xml_node node = root.first_child(); node;) {
@@ -41,14 +39,16 @@ std::optional<Error> check_hwloc_bounds(const pugi::xml_node& root, const std::s
           !text.empty() && text.size() <= 7 && text.find_first_not_of("0123456789") == std::string::npos;
       if (!index || !digits || std::stoul(text) >= kMaxOsIndex) {
         return invalid_argument(name + ": <object type=\"" + type + "\" os_index=\"" + detail::printable(text) +
-                     "\"> is not allowed; allowed: an os_index from 0 to " + std::to_string(kMaxOsIndex - 1));
+                                "\"> is not allowed; allowed: an os_index from 0 to " +
+                                std::to_string(kMaxOsIndex - 1));
       }
     }
     if (tag == "distances" || tag == "distances2" || tag == "distances2hetero") {
       const unsigned long long count = node.attribute("nbobjs").as_ullong(0);
       if (count > kMaxMatrixObjects) {
         return invalid_argument(name + ": <" + tag + " nbobjs=\"" + std::to_string(count) +
-                     "\"> is not allowed; allowed: at most " + std::to_string(kMaxMatrixObjects) + " objects");
+                                "\"> is not allowed; allowed: at most " + std::to_string(kMaxMatrixObjects) +
+                                " objects");
       }
     }
     if (node.first_child()) {
@@ -76,11 +76,12 @@ Result<detail::Draft> read_xml(std::string_view content, const std::string& name
     const std::size_t last = content.find_last_not_of(" \t\r\n");
     const std::string_view tail = content.substr(0, last == std::string_view::npos ? 0 : last + 1);
     const std::string closing = "</" + root + ">";
-    const bool closed = !root.empty() && tail.size() >= closing.size() &&
-                        tail.substr(tail.size() - closing.size()) == closing;
+    const bool closed =
+        !root.empty() && tail.size() >= closing.size() && tail.substr(tail.size() - closing.size()) == closing;
     if (!closed) {
       const std::string missing = root.empty() ? "its root element" : detail::printable(closing);
-      return invalid_argument(name + ": truncated XML: it ends before " + missing + " (" + parsed.description() + where + ")");
+      return invalid_argument(name + ": truncated XML: it ends before " + missing + " (" + parsed.description() +
+                              where + ")");
     }
     return invalid_argument(name + ": malformed XML" + where + ": " + parsed.description());
   }
@@ -95,7 +96,7 @@ Result<detail::Draft> read_xml(std::string_view content, const std::string& name
   }
   if (root_name == "system") return detail::read_nccl_xml(content, name);
   return invalid_argument(name + ": XML root element <" + detail::printable(root_name) +
-               "> is neither hwloc's <topology> nor NCCL's <system>; " + std::string(kExpected));
+                          "> is neither hwloc's <topology> nor NCCL's <system>; " + std::string(kExpected));
 }
 
 }  // namespace
@@ -133,10 +134,11 @@ Result<Topology> load_topology_file(const std::string& path) {
     return error == std::errc::no_such_file_or_directory ? not_found(what) : system_error(what);
   }
   if (std::filesystem::is_directory(status)) return invalid_argument(path + ": cannot read: it is a directory");
-  const std::string too_large = " is too large for a topology file; allowed: up to " +
-                                std::to_string(kMaxFileBytes >> 20) + " MiB";
+  const std::string too_large =
+      " is too large for a topology file; allowed: up to " + std::to_string(kMaxFileBytes >> 20) + " MiB";
   const std::uintmax_t size = std::filesystem::file_size(path, error);
-  if (!error && size > kMaxFileBytes) return invalid_argument(path + ": " + std::to_string(size >> 20) + " MiB" + too_large);
+  if (!error && size > kMaxFileBytes)
+    return invalid_argument(path + ": " + std::to_string(size >> 20) + " MiB" + too_large);
   // The limit holds for what is read, not only for what a regular file says
   // its size is: a device (/dev/zero), a FIFO or a process substitution has
   // no size and may never end.
@@ -146,7 +148,9 @@ Result<Topology> load_topology_file(const std::string& path) {
   char chunk[1 << 16];
   while (in.read(chunk, sizeof chunk) || in.gcount() > 0) {
     content.append(chunk, static_cast<std::size_t>(in.gcount()));
-    if (content.size() > kMaxFileBytes) return invalid_argument(path + ": more than " + std::to_string(kMaxFileBytes >> 20) + " MiB read, which" + too_large);
+    if (content.size() > kMaxFileBytes)
+      return invalid_argument(path + ": more than " + std::to_string(kMaxFileBytes >> 20) + " MiB read, which" +
+                              too_large);
   }
   if (in.bad()) return system_error(path + ": cannot read: " + std::strerror(errno));
   return parse_topology_text(content, path);

@@ -12,11 +12,10 @@
 #include <cctype>
 #include <cstdlib>
 #include <map>
+#include <pugixml.hpp>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <pugixml.hpp>
 
 #include "build.h"
 
@@ -143,8 +142,8 @@ struct Reader {
                               "\"> of GPU " + bus_id + ": the count must be 1 to 1024 links");
         continue;
       }
-      links.push_back(RawLink{bus_id, normalize_pci_bus_id(target).value_or(target), int(count),
-                              link.attribute("tclass").value()});
+      links.push_back(
+          RawLink{bus_id, normalize_pci_bus_id(target).value_or(target), int(count), link.attribute("tclass").value()});
     }
     draft.gpus.push_back(std::move(site));
     return std::nullopt;
@@ -197,8 +196,9 @@ Result<Draft> read_nccl_xml(std::string_view content, std::string_view name) {
   draft.granule = host_hash.empty() ? "file:" + base_name(name) : "host:" + host_hash;
   if (draft.gpus.empty()) draft.notes.push_back("no NVIDIA GPU found");
   if (draft.gpus.size() > 1 && reader.links.empty()) {
-    draft.notes.push_back("no NVLink data in the file: GPU pairs are classed by PCIe alone (NCCL's dump on a "
-                          "machine with NVLink lists them under each <gpu>)");
+    draft.notes.push_back(
+        "no NVLink data in the file: GPU pairs are classed by PCIe alone (NCCL's dump on a "
+        "machine with NVLink lists them under each <gpu>)");
   }
   return std::move(reader.draft);
 }

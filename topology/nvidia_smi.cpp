@@ -79,12 +79,18 @@ Header read_header(const std::vector<std::string>& words) {
 // One cell: X, NV#, PIX, PXB, PHB, NODE, SYS (SOC: SYS before driver 384).
 bool read_cell(const std::string& cell, PathClass& path, int& links) {
   links = 0;
-  if (cell == "X") path = PathClass::kSelf;
-  else if (cell == "PIX") path = PathClass::kPIX;
-  else if (cell == "PXB") path = PathClass::kPXB;
-  else if (cell == "PHB") path = PathClass::kPHB;
-  else if (cell == "NODE") path = PathClass::kNODE;
-  else if (cell == "SYS" || cell == "SOC") path = PathClass::kSYS;
+  if (cell == "X")
+    path = PathClass::kSelf;
+  else if (cell == "PIX")
+    path = PathClass::kPIX;
+  else if (cell == "PXB")
+    path = PathClass::kPXB;
+  else if (cell == "PHB")
+    path = PathClass::kPHB;
+  else if (cell == "NODE")
+    path = PathClass::kNODE;
+  else if (cell == "SYS" || cell == "SOC")
+    path = PathClass::kSYS;
   else if (cell.size() > 2 && cell.size() <= 6 && cell.compare(0, 2, "NV") == 0) {
     for (std::size_t i = 2; i < cell.size(); ++i) {
       if (cell[i] < '0' || cell[i] > '9') return false;
@@ -175,8 +181,8 @@ class MatrixReader {
       gpu_columns_.push_back(c);
     }
     if (gpu_columns_.size() > kMaxGpus) {
-      return fail(header_line_, "the header names " + std::to_string(gpu_columns_.size()) +
-                                    " GPUs; allowed: at most " + std::to_string(kMaxGpus));
+      return fail(header_line_, "the header names " + std::to_string(gpu_columns_.size()) + " GPUs; allowed: at most " +
+                                    std::to_string(kMaxGpus));
     }
     return std::nullopt;
   }
@@ -226,13 +232,14 @@ class MatrixReader {
       for (std::size_t h = 0; h < n; ++h) {
         PathClass path = PathClass::kUnknown;
         int links = 0;
-        const std::string where = "GPU" + std::to_string(g) + "/GPU" + std::to_string(h) + " cell '" +
-                                  printable(cell(g, h));
+        const std::string where =
+            "GPU" + std::to_string(g) + "/GPU" + std::to_string(h) + " cell '" + printable(cell(g, h));
         if (!read_cell(cell(g, h), path, links)) {
           return fail(row_line_[g], where + "' is not one of X, NV#, PIX, PXB, PHB, NODE, SYS");
         }
         if ((path == PathClass::kSelf) != (g == h)) {
-          return fail(row_line_[g], where + (g == h ? "' must be X (the GPU itself)" : "' is X away from the diagonal"));
+          return fail(row_line_[g],
+                      where + (g == h ? "' must be X (the GPU itself)" : "' is X away from the diagonal"));
         }
         draft.given_path[g * n + h] = path;
         draft.given_nvlinks[g * n + h] = links;

@@ -13,7 +13,7 @@ namespace dew::topology {
 namespace {
 
 // --- The slice of NVML's ABI used here (nvml.h, API version 12). ---
-using NvmlReturn = int;  // nvmlReturn_t; 0 is NVML_SUCCESS
+using NvmlReturn = int;    // nvmlReturn_t; 0 is NVML_SUCCESS
 using NvmlDevice = void*;  // nvmlDevice_t
 constexpr NvmlReturn kNvmlSuccess = 0;
 
@@ -209,8 +209,9 @@ NvmlReport read_nvml() {
   }
   const Calls nvml(library);
   if (nvml.init == nullptr || nvml.count_devices == nullptr || nvml.handle_of == nullptr || nvml.pci_info == nullptr) {
-    report.problem = "libnvidia-ml.so.1 lacks nvmlInit_v2, nvmlDeviceGetCount_v2, nvmlDeviceGetHandleByIndex_v2 "
-                     "or nvmlDeviceGetPciInfo";
+    report.problem =
+        "libnvidia-ml.so.1 lacks nvmlInit_v2, nvmlDeviceGetCount_v2, nvmlDeviceGetHandleByIndex_v2 "
+        "or nvmlDeviceGetPciInfo";
     return report;
   }
   if (NvmlReturn code = nvml.init(); code != kNvmlSuccess) {

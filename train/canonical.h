@@ -32,8 +32,8 @@ struct CanonicalRun {
 
 // Which runs of a parameter every tensor rank holds whole (Split::kNone).
 enum class Replicated {
-  kEveryRank,   // every rank's (to read)
-  kRankZeroOnly // tensor rank 0's only (to write, or to sum over processes, once)
+  kEveryRank,    // every rank's (to read)
+  kRankZeroOnly  // tensor rank 0's only (to write, or to sum over processes, once)
 };
 
 // The runs covering elements [first, last) of tensor rank `tensor_rank`'s

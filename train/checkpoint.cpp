@@ -10,9 +10,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <stdexcept>
 
 #include "dew/atomic_file.h"
-#include <stdexcept>
 
 namespace dew::train {
 namespace {
@@ -52,8 +52,8 @@ Result<Done> write_all(int fd, const char* data, std::size_t size, off_t at, con
 }
 
 nlohmann::json model_json(const ModelConfig& m) {
-  return {{"vocab", m.vocab}, {"width", m.width}, {"layers", m.layers}, {"heads", m.heads},
-          {"kv_heads", m.kv_heads}, {"mlp", m.mlp}, {"length", m.length}};
+  return {{"vocab", m.vocab},       {"width", m.width}, {"layers", m.layers}, {"heads", m.heads},
+          {"kv_heads", m.kv_heads}, {"mlp", m.mlp},     {"length", m.length}};
 }
 
 }  // namespace
@@ -88,9 +88,8 @@ Result<Done> write_state_runs(const std::string& path, int section, std::int64_t
 
 template Result<Done> write_state_runs<float>(const std::string&, int, std::int64_t, const std::vector<CanonicalRun>&,
                                               std::int64_t, std::span<const float>, const std::function<void()>&);
-template Result<Done> write_state_runs<double>(const std::string&, int, std::int64_t,
-                                               const std::vector<CanonicalRun>&, std::int64_t,
-                                               std::span<const double>, const std::function<void()>&);
+template Result<Done> write_state_runs<double>(const std::string&, int, std::int64_t, const std::vector<CanonicalRun>&,
+                                               std::int64_t, std::span<const double>, const std::function<void()>&);
 
 Result<Done> sync_file(const std::string& path) {
   Fd file{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
@@ -169,8 +168,8 @@ Result<Manifest> read_manifest(const std::string& directory) {
     m.dtype = j.at("dtype").get<std::string>();
     const auto& model = j.at("model");
     const auto field = [&](const char* name) { return int(std::min(whole(model.at(name), name), (1LL << 30))); };
-    m.model = ModelConfig{field("vocab"), field("width"), field("layers"), field("heads"),
-                          field("kv_heads"), field("mlp"), field("length")};
+    m.model = ModelConfig{field("vocab"),    field("width"), field("layers"), field("heads"),
+                          field("kv_heads"), field("mlp"),   field("length")};
     m.batch = int(std::min(whole(j.at("batch"), "batch"), (1LL << 30)));
     if (!j.at("seed").is_number_unsigned()) throw std::invalid_argument("seed is not a whole number");
     m.seed = j.at("seed").get<std::uint64_t>();
@@ -191,8 +190,8 @@ Result<Manifest> read_manifest(const std::string& directory) {
 
 Result<Done> check_resumable(const Manifest& m, const WorkerOptions& o) {
   const auto differs = [&](const std::string& what, const std::string& saved, const std::string& now) {
-    return invalid_argument("--resume: the checkpoint at step " + std::to_string(m.step) + " was trained with " +
-                            what + " " + saved + ", this run has " + now + "; allowed: the same " + what);
+    return invalid_argument("--resume: the checkpoint at step " + std::to_string(m.step) + " was trained with " + what +
+                            " " + saved + ", this run has " + now + "; allowed: the same " + what);
   };
   const auto model = [](const ModelConfig& c) { return model_json(c).dump(); };
   if (model(m.model) != model(o.model)) return differs("model", model(m.model), model(o.model));

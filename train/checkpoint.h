@@ -25,14 +25,14 @@ inline constexpr int kStateSections = 3;  // parameters, m, v
 
 struct Manifest {
   int step = 0;
-  std::string state;  // relative to the directory: "step-000010/state.bin"
+  std::string state;          // relative to the directory: "step-000010/state.bin"
   std::int64_t elements = 0;  // per section
   std::string dtype;          // "fp32" or "fp64"
   ModelConfig model;
   int batch = 0;
   std::uint64_t seed = 0;
   double learning_rate = 0;
-  std::string mesh;  // the layout that wrote it (any layout may read it)
+  std::string mesh;            // the layout that wrote it (any layout may read it)
   std::vector<double> losses;  // steps 1..step
 };
 

@@ -65,8 +65,8 @@ class LayoutCollectives final : public Collectives<T> {
     return r.ok() ? Result<Done>(Done{}) : Result<Done>(r.error());
   }
 
-  Result<Done> attention_backward(const AttentionTensors<T>& in, const T* out, const T* lse, const T* d_out,
-                                  T* d_query, T* d_key, T* d_value) override {
+  Result<Done> attention_backward(const AttentionTensors<T>& in, const T* out, const T* lse, const T* d_out, T* d_query,
+                                  T* d_key, T* d_value) override {
     const attention::Gradients<T> gradients{d_query, d_key, d_value, nullptr};
     if (!sequence_) {
       auto r = attention::backward<T>(inputs(in), out, lse, d_out, gradients);
@@ -110,7 +110,7 @@ class LayoutCollectives final : public Collectives<T> {
 // flat parameters, padded to a multiple of the fsdp size, and AdamW's state.
 template <typename T>
 struct Shard {
-  std::int64_t size = 0;  // the whole flat bucket (this tensor rank's parts)
+  std::int64_t size = 0;   // the whole flat bucket (this tensor rank's parts)
   std::int64_t chunk = 0;  // one fsdp rank's share of it, padded
   std::vector<T> params, m, v;
 };
@@ -123,10 +123,10 @@ struct Communicators {
 
 inline Result<Communicators> make_communicators(runtime::Pool& pool, const mesh::Mesh& m, const DevicePlace& p) {
   Communicators c;
-  for (auto [axis, place, slot] : {std::tuple{mesh::Axis::kData, &p.data, &c.data},
-                                   std::tuple{mesh::Axis::kFsdp, &p.fsdp, &c.fsdp},
-                                   std::tuple{mesh::Axis::kTensor, &p.tensor, &c.tensor},
-                                   std::tuple{mesh::Axis::kSequence, &p.sequence, &c.sequence}}) {
+  for (auto [axis, place, slot] :
+       {std::tuple{mesh::Axis::kData, &p.data, &c.data}, std::tuple{mesh::Axis::kFsdp, &p.fsdp, &c.fsdp},
+        std::tuple{mesh::Axis::kTensor, &p.tensor, &c.tensor},
+        std::tuple{mesh::Axis::kSequence, &p.sequence, &c.sequence}}) {
     if (place->size == 1) continue;
     auto made = axes::make_axis_communicator(pool, m, axis, p.device);
     if (!made.ok()) return made.error().prefixed(std::string(mesh::kMeshAxes[static_cast<int>(axis)]) + " axis: ");
@@ -150,9 +150,8 @@ Result<std::vector<T>> reduce_gradients(std::vector<T>& grads, const Shard<T>& s
   grads.resize(std::size_t(s.chunk * p.fsdp.size), T(0));
   std::vector<T> shard(std::size_t(s.chunk));
   if (c.fsdp) {
-    auto r = split.time("reduce_scatter fsdp", [&] {
-      return c.fsdp->reduce_scatter(std::span<const T>(grads), std::span<T>(shard));
-    });
+    auto r = split.time("reduce_scatter fsdp",
+                        [&] { return c.fsdp->reduce_scatter(std::span<const T>(grads), std::span<T>(shard)); });
     if (!r.ok()) return r.error();
   } else {
     shard.assign(grads.begin(), grads.end());
@@ -173,9 +172,8 @@ Result<std::vector<std::vector<T>>> gather_buckets(const std::vector<Shard<T>>& 
   for (const auto& s : shards) {
     std::vector<T> full(std::size_t(s.chunk * p.fsdp.size));
     if (c.fsdp) {
-      auto r = split.time("all_gather fsdp", [&] {
-        return c.fsdp->all_gather(std::span<const T>(s.params), std::span<T>(full));
-      });
+      auto r = split.time("all_gather fsdp",
+                          [&] { return c.fsdp->all_gather(std::span<const T>(s.params), std::span<T>(full)); });
       if (!r.ok()) return r.error();
     } else {
       full = s.params;

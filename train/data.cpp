@@ -45,7 +45,8 @@ Batch batch_of(const Dataset& d, int step, int first, int count, const std::vect
   Batch batch;
   const std::size_t stride = std::size_t(d.length) + 1;
   for (int g = first; g < first + count; ++g) {
-    const std::int32_t* sequence = d.tokens.data() + (std::size_t(step) * std::size_t(d.batch) + std::size_t(g)) * stride;
+    const std::int32_t* sequence =
+        d.tokens.data() + (std::size_t(step) * std::size_t(d.batch) + std::size_t(g)) * stride;
     for (const auto p : positions) {
       batch.tokens.push_back(sequence[p]);
       batch.targets.push_back(sequence[p + 1]);
@@ -59,7 +60,8 @@ void reverse_sequences(Dataset& d) {
   for (int step = 0; step < d.steps; ++step) {
     for (int a = 0, b = d.batch - 1; a < b; ++a, --b) {
       auto* base = d.tokens.data() + std::size_t(step) * std::size_t(d.batch) * stride;
-      std::swap_ranges(base + std::size_t(a) * stride, base + std::size_t(a + 1) * stride, base + std::size_t(b) * stride);
+      std::swap_ranges(base + std::size_t(a) * stride, base + std::size_t(a + 1) * stride,
+                       base + std::size_t(b) * stride);
     }
   }
 }

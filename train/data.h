@@ -20,7 +20,8 @@ struct Batch {
 
 // Sequences [first, first + count) of step `step`'s global batch, at
 // `positions` (each below the model's length).
-Batch batch_of(const WorkerOptions& options, int step, int first, int count, const std::vector<std::int64_t>& positions);
+Batch batch_of(const WorkerOptions& options, int step, int first, int count,
+               const std::vector<std::int64_t>& positions);
 
 // Every step's global batch whole, "tokenized" once: steps x batch x
 // (length + 1) tokens (what the worker caches under its compile-cache key).

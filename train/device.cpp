@@ -4,12 +4,11 @@
 // data, AdamW on the shard.
 #include "device.h"
 
-#include <chrono>
-#include <cmath>
-
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <thread>
 
@@ -97,8 +96,8 @@ bool drill_here(const ProcessRun& run, Drill::Kind kind, int step) {
 // then process 0 writes the manifest once every process has written.
 template <typename T>
 Result<Done> save_checkpoint(ProcessRun& run, const DevicePlace& p, const std::vector<std::vector<ParamSpec>>& buckets,
-                             const std::vector<Leaf>& leaves, const std::vector<Shard<T>>& shards, int step,
-                             int local, const std::vector<double>& losses) {
+                             const std::vector<Leaf>& leaves, const std::vector<Shard<T>>& shards, int step, int local,
+                             const std::vector<double>& losses) {
   const WorkerOptions& o = run.options;
   const std::string path = state_path_of(o.checkpoint_dir, step);
   const std::int64_t elements = canonical_size(leaves);
@@ -128,8 +127,15 @@ Result<Done> save_checkpoint(ProcessRun& run, const DevicePlace& p, const std::v
     // DEW_AGREEMENT_PATIENCE_SECONDS); uncaught, it fails the pool.
     if (saved.ok()) run.pool.agree("checkpoint at step " + std::to_string(step));
     if (saved.ok() && run.pool.rank() == 0) {
-      Manifest m{step, std::filesystem::relative(path, o.checkpoint_dir).string(), elements, dtype_name(o.dtype),
-                 o.model, o.batch, o.seed, o.learning_rate, o.mesh.empty() ? "data over every device" : o.mesh,
+      Manifest m{step,
+                 std::filesystem::relative(path, o.checkpoint_dir).string(),
+                 elements,
+                 dtype_name(o.dtype),
+                 o.model,
+                 o.batch,
+                 o.seed,
+                 o.learning_rate,
+                 o.mesh.empty() ? "data over every device" : o.mesh,
                  losses};
       saved = write_manifest(o.checkpoint_dir, m);
     }
@@ -175,8 +181,9 @@ struct Pass {
 };
 
 template <typename T>
-Result<Pass<T>> run_pass(const ProcessRun& run, const DevicePlace& p, const std::vector<std::vector<ParamSpec>>& buckets,
-                         const std::vector<std::vector<T>>& params, int step, LayoutCollectives<T>& collectives) {
+Result<Pass<T>> run_pass(const ProcessRun& run, const DevicePlace& p,
+                         const std::vector<std::vector<ParamSpec>>& buckets, const std::vector<std::vector<T>>& params,
+                         int step, LayoutCollectives<T>& collectives) {
   const WorkerOptions& o = run.options;
   if (drill_here(run, Drill::Kind::kLoaderThrows, step + 1)) {
     throw std::runtime_error("data loader: cannot read the batch of step " + std::to_string(step + 1) +
@@ -194,8 +201,8 @@ Result<Pass<T>> run_pass(const ProcessRun& run, const DevicePlace& p, const std:
   for (auto& g : pass.grads) grad_views.emplace_back(g);
   const DeviceShape shape{p.sequences, int(p.positions.size()), p.tensor.size, p.positions};
   const T scale = T(1.0 / (double(o.batch) * o.model.length));
-  auto loss = forward_backward<T>(o.model, shape, buckets, param_views, batch.tokens, batch.targets, scale,
-                                  grad_views, collectives);
+  auto loss = forward_backward<T>(o.model, shape, buckets, param_views, batch.tokens, batch.targets, scale, grad_views,
+                                  collectives);
   if (!loss.ok()) return loss.error().prefixed("step " + std::to_string(step + 1) + ": ");
   pass.loss = loss.value() * double(scale);
   return pass;
@@ -224,8 +231,8 @@ Result<DeviceResult> train_typed(ProcessRun& run, int local) {
   for (const auto& s : shards) result.state_bytes += std::int64_t(3 * s.params.size() * sizeof(T));
   const int head = o.model.width / o.model.heads;
   const auto positions = std::int64_t(p.positions.size());
-  const attention::Dims local_dims{p.sequences, o.model.heads / p.tensor.size, o.model.kv_heads / p.tensor.size,
-                                   positions, positions, head};
+  const attention::Dims local_dims{
+      p.sequences, o.model.heads / p.tensor.size, o.model.kv_heads / p.tensor.size, positions, positions, head};
   attention::Dims whole = local_dims;
   whole.query_length = whole.key_length = o.model.length;
   std::vector<double> losses = run.earlier_losses;

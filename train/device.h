@@ -24,13 +24,13 @@ struct ProcessRun {
   const WorkerOptions& options;
   const Dataset& dataset;
   StallWatch& watch;
-  std::barrier<>& devices;  // every device thread of this process
-  int first_device = 0;     // this process's first device id in the mesh
-  int start_step = 0;       // steps done before (a resumed run)
+  std::barrier<>& devices;                             // every device thread of this process
+  int first_device = 0;                                // this process's first device id in the mesh
+  int start_step = 0;                                  // steps done before (a resumed run)
   const std::vector<double>* resumed_state = nullptr;  // the checkpoint's state (checkpoint.h)
-  std::vector<double> earlier_losses;                   // its losses
-  std::function<void(const StepRecord&)> progress;      // process 0 only
-  std::vector<double>* gradient = nullptr;              // capture_gradient: canonical, filled by the writers
+  std::vector<double> earlier_losses;                  // its losses
+  std::function<void(const StepRecord&)> progress;     // process 0 only
+  std::vector<double>* gradient = nullptr;             // capture_gradient: canonical, filled by the writers
 };
 
 struct DeviceResult {

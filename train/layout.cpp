@@ -28,9 +28,9 @@ Result<Done> check_model(const WorkerOptions& o, const mesh::Mesh& m) {
   const int data = size_of(m, mesh::Axis::kData), fsdp = size_of(m, mesh::Axis::kFsdp);
   const int tensor = size_of(m, mesh::Axis::kTensor), sequence = size_of(m, mesh::Axis::kSequence);
   if (o.batch < 1 || o.batch % (data * fsdp) != 0) {
-    return bad("--batch " + std::to_string(o.batch) + " does not split over data " + std::to_string(data) +
-               " x fsdp " + std::to_string(fsdp) + " = " + std::to_string(data * fsdp) +
-               " devices; allowed: a multiple of " + std::to_string(data * fsdp));
+    return bad("--batch " + std::to_string(o.batch) + " does not split over data " + std::to_string(data) + " x fsdp " +
+               std::to_string(fsdp) + " = " + std::to_string(data * fsdp) + " devices; allowed: a multiple of " +
+               std::to_string(data * fsdp));
   }
   if (c.kv_heads % tensor != 0 || c.mlp % tensor != 0) {
     return bad("tensor " + std::to_string(tensor) + " must divide the kv heads (" + std::to_string(c.kv_heads) +
@@ -72,8 +72,8 @@ Result<attention::Plan> plan_exchange(const WorkerOptions& o, int sequence, int 
   }
   const auto picked = forced.exchange;
   forced.exchange = gather ? attention::Exchange::kGather : attention::Exchange::kAllToAll;
-  forced.reason = "forced by --exchange (the rule picks " + std::string(attention::exchange_name(picked)) +
-                  ": " + plan.value().reason + ")";
+  forced.reason = "forced by --exchange (the rule picks " + std::string(attention::exchange_name(picked)) + ": " +
+                  plan.value().reason + ")";
   return forced;
 }
 
@@ -82,7 +82,8 @@ Result<mesh::Mesh> plan_layout(const WorkerOptions& o, int processes) {
     return invalid_argument("--devices-per-process " + std::to_string(o.devices_per_process) +
                             " is not allowed; allowed: a whole number from 1 to 1024");
   }
-  if (o.steps < 1) return invalid_argument("--steps " + std::to_string(o.steps) + " is not allowed; allowed: 1 or more");
+  if (o.steps < 1)
+    return invalid_argument("--steps " + std::to_string(o.steps) + " is not allowed; allowed: 1 or more");
   auto spec = o.mesh.empty() ? Result<mesh::MeshSpec>(mesh::MeshSpec{}) : mesh::parse_mesh_spec(o.mesh);
   if (!spec.ok()) return spec.error().prefixed("--mesh: ");
   for (auto axis : {mesh::Axis::kExpert, mesh::Axis::kStage}) {
@@ -118,16 +119,17 @@ Result<DevicePlace> place_of(const mesh::Mesh& m, const WorkerOptions& o, int de
     place = AxisPlace{got.value().rank, got.value().size};
     return Done{};
   };
-  for (auto [axis, place] : {std::pair{mesh::Axis::kData, &p.data}, std::pair{mesh::Axis::kFsdp, &p.fsdp},
-                             std::pair{mesh::Axis::kTensor, &p.tensor}, std::pair{mesh::Axis::kSequence, &p.sequence}}) {
+  for (auto [axis, place] :
+       {std::pair{mesh::Axis::kData, &p.data}, std::pair{mesh::Axis::kFsdp, &p.fsdp},
+        std::pair{mesh::Axis::kTensor, &p.tensor}, std::pair{mesh::Axis::kSequence, &p.sequence}}) {
     if (auto r = member(axis, *place); !r.ok()) return r.error();
   }
   p.batch_rank = p.data.rank * p.fsdp.size + p.fsdp.rank;
   p.sequences = o.batch / (p.data.size * p.fsdp.size);
   p.first_sequence = p.batch_rank * p.sequences;
   // The exchanges' own cut of the sequence (contiguous shards).
-  auto positions = attention::shard_positions(attention::Layout::kContiguous, o.model.length, p.sequence.size,
-                                              p.sequence.rank);
+  auto positions =
+      attention::shard_positions(attention::Layout::kContiguous, o.model.length, p.sequence.size, p.sequence.rank);
   if (!positions.ok()) return positions.error();
   p.positions = std::move(positions.value());
   return p;

@@ -152,8 +152,12 @@ Result<double> forward_backward(const ModelConfig& model, const DeviceShape& sha
                                 std::span<const int> targets, T scale, const std::vector<std::span<T>>& gradients,
                                 Collectives<T>& collectives) {
   const int t = shape.tensor_size;
-  const Dims d{shape.batch * shape.positions, model.width,   model.width / model.heads,
-               model.heads / t,               model.kv_heads / t, model.mlp / t};
+  const Dims d{shape.batch * shape.positions,
+               model.width,
+               model.width / model.heads,
+               model.heads / t,
+               model.kv_heads / t,
+               model.mlp / t};
   const auto embed = views<T>(buckets[0], t, params[0], gradients[0]);
   // Embedding and positions.
   std::vector<T> x(std::size_t(d.n) * d.width);

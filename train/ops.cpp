@@ -10,15 +10,15 @@ namespace dew::train {
 template <>
 void gemm<float>(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const float* a, const float* b,
                  float beta, float* c) {
-  cblas_sgemm(CblasRowMajor, transpose_a ? CblasTrans : CblasNoTrans, transpose_b ? CblasTrans : CblasNoTrans, m, n,
-              k, alpha, a, transpose_a ? m : k, b, transpose_b ? k : n, beta, c, n);
+  cblas_sgemm(CblasRowMajor, transpose_a ? CblasTrans : CblasNoTrans, transpose_b ? CblasTrans : CblasNoTrans, m, n, k,
+              alpha, a, transpose_a ? m : k, b, transpose_b ? k : n, beta, c, n);
 }
 
 template <>
 void gemm<double>(bool transpose_a, bool transpose_b, int m, int n, int k, double alpha, const double* a,
                   const double* b, double beta, double* c) {
-  cblas_dgemm(CblasRowMajor, transpose_a ? CblasTrans : CblasNoTrans, transpose_b ? CblasTrans : CblasNoTrans, m, n,
-              k, alpha, a, transpose_a ? m : k, b, transpose_b ? k : n, beta, c, n);
+  cblas_dgemm(CblasRowMajor, transpose_a ? CblasTrans : CblasNoTrans, transpose_b ? CblasTrans : CblasNoTrans, m, n, k,
+              alpha, a, transpose_a ? m : k, b, transpose_b ? k : n, beta, c, n);
 }
 
 namespace {
@@ -91,7 +91,7 @@ double cross_entropy(std::span<const T> logits, std::span<const int> targets, in
 }
 
 #define DEW_TRAIN_OPS(T)                                                                                            \
-  template void rmsnorm_forward<T>(std::span<const T>, std::span<const T>, int, int, std::span<T>, std::span<T>);    \
+  template void rmsnorm_forward<T>(std::span<const T>, std::span<const T>, int, int, std::span<T>, std::span<T>);   \
   template void rmsnorm_backward<T>(std::span<const T>, std::span<const T>, std::span<const T>, std::span<const T>, \
                                     int, int, std::span<T>, std::span<T>);                                          \
   template void silu_forward<T>(std::span<const T>, std::span<T>);                                                  \

@@ -34,14 +34,12 @@ std::vector<std::vector<ParamSpec>> model_buckets(const ModelConfig& m) {
                      param("final_gain", 1, m.width, Split::kNone, true)});
   for (int l = 0; l < m.layers; ++l) {
     const std::string p = "layer" + std::to_string(l) + ".";
-    buckets.push_back({param(p + "gain1", 1, m.width, Split::kNone, true),
-                       param(p + "wq", m.width, m.heads * head, Split::kColumns),
-                       param(p + "wk", m.width, m.kv_heads * head, Split::kColumns),
-                       param(p + "wv", m.width, m.kv_heads * head, Split::kColumns),
-                       param(p + "wo", m.heads * head, m.width, Split::kRows),
-                       param(p + "gain2", 1, m.width, Split::kNone, true),
-                       param(p + "w1", m.width, m.mlp, Split::kColumns),
-                       param(p + "w2", m.mlp, m.width, Split::kRows)});
+    buckets.push_back(
+        {param(p + "gain1", 1, m.width, Split::kNone, true), param(p + "wq", m.width, m.heads * head, Split::kColumns),
+         param(p + "wk", m.width, m.kv_heads * head, Split::kColumns),
+         param(p + "wv", m.width, m.kv_heads * head, Split::kColumns),
+         param(p + "wo", m.heads * head, m.width, Split::kRows), param(p + "gain2", 1, m.width, Split::kNone, true),
+         param(p + "w1", m.width, m.mlp, Split::kColumns), param(p + "w2", m.mlp, m.width, Split::kRows)});
   }
   return buckets;
 }

@@ -2,10 +2,9 @@
 // directory, a resumed state, the cached dataset, the stall watch), one
 // thread per device, and the report; report_json: the pool.json of the
 // design page.
-#include <nlohmann/json.hpp>
-
 #include <barrier>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "canonical.h"
@@ -74,8 +73,8 @@ CachedDataset load_dataset(runtime::Pool& pool, const WorkerOptions& o, std::vec
     hits += flag == "1";
   }
   if (pool.rank() != 0) return cached;
-  const std::string what = "the tokenized dataset (" + counted(o.steps, "step") + " x " +
-                           counted(o.batch, "sequence") + " x " + std::to_string(o.model.length + 1) + " tokens)";
+  const std::string what = "the tokenized dataset (" + counted(o.steps, "step") + " x " + counted(o.batch, "sequence") +
+                           " x " + std::to_string(o.model.length + 1) + " tokens)";
   if (!key) {
     log_info("cache: off for this run (the processes' accelerator fingerprints differ); " + what + " made in memory");
   } else if (hits == pool.size()) {
@@ -202,9 +201,15 @@ std::string report_json(const WorkerReport& r, const WorkerOptions& o) {
   j["state_bytes_per_device"] = r.state_bytes_per_device;
   j["tokens_per_step"] = r.tokens_per_step;
   j["dtype"] = dtype_name(o.dtype);
-  j["model"] = {{"vocab", o.model.vocab},   {"width", o.model.width},       {"layers", o.model.layers},
-                {"heads", o.model.heads},   {"kv_heads", o.model.kv_heads}, {"mlp", o.model.mlp},
-                {"length", o.model.length}, {"batch", o.batch},             {"seed", o.seed}};
+  j["model"] = {{"vocab", o.model.vocab},
+                {"width", o.model.width},
+                {"layers", o.model.layers},
+                {"heads", o.model.heads},
+                {"kv_heads", o.model.kv_heads},
+                {"mlp", o.model.mlp},
+                {"length", o.model.length},
+                {"batch", o.batch},
+                {"seed", o.seed}};
   if (!r.cache_found.empty()) j["cache_found"] = r.cache_found;
   return j.dump(2) + "\n";
 }

@@ -62,8 +62,7 @@ std::vector<T> take_rows(std::span<const T> whole, int batch, int heads, std::in
 // tensor shard's heads (per_head = length x width, or length x length for a
 // dense bias).
 template <typename T>
-std::vector<T> take_heads(std::span<const T> whole, int batch, int heads, int first, int count,
-                          std::int64_t per_head) {
+std::vector<T> take_heads(std::span<const T> whole, int batch, int heads, int first, int count, std::int64_t per_head) {
   std::vector<T> out;
   out.reserve(static_cast<std::size_t>(batch) * static_cast<std::size_t>(count) * static_cast<std::size_t>(per_head));
   for (int b = 0; b < batch; ++b) {

@@ -25,8 +25,8 @@ struct LocalFacts {
   int process = 0;
   int local_rank = 0;
   int local_size = 1;
-  std::string host_id;    // DEW_HOST_ID, else the kernel's boot id
-  std::string host_name;  // for messages
+  std::string host_id;                         // DEW_HOST_ID, else the kernel's boot id
+  std::string host_name;                       // for messages
   std::optional<std::string> visible_devices;  // CUDA_VISIBLE_DEVICES
   bool topology_from_file = false;             // DEW_TOPOLOGY_FILE: its granule names no host
 };

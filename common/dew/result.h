@@ -27,15 +27,24 @@ enum class ErrorCode {
 // "invalid argument", "timeout", ...: for logs and for `dew` JSON output.
 constexpr std::string_view error_code_name(ErrorCode code) {
   switch (code) {
-    case ErrorCode::kInvalidArgument: return "invalid argument";
-    case ErrorCode::kNotFound: return "not found";
-    case ErrorCode::kUnsupported: return "unsupported";
-    case ErrorCode::kTimeout: return "timeout";
-    case ErrorCode::kPeerFailed: return "peer failed";
-    case ErrorCode::kUnavailable: return "unavailable";
-    case ErrorCode::kPermissionDenied: return "permission denied";
-    case ErrorCode::kSystem: return "system";
-    case ErrorCode::kInternal: return "internal";
+    case ErrorCode::kInvalidArgument:
+      return "invalid argument";
+    case ErrorCode::kNotFound:
+      return "not found";
+    case ErrorCode::kUnsupported:
+      return "unsupported";
+    case ErrorCode::kTimeout:
+      return "timeout";
+    case ErrorCode::kPeerFailed:
+      return "peer failed";
+    case ErrorCode::kUnavailable:
+      return "unavailable";
+    case ErrorCode::kPermissionDenied:
+      return "permission denied";
+    case ErrorCode::kSystem:
+      return "system";
+    case ErrorCode::kInternal:
+      return "internal";
   }
   return "unknown";
 }
@@ -62,8 +71,8 @@ inline Error internal_error(std::string message) { return {ErrorCode::kInternal,
 // The form every "bad value" error takes: "<what>: '<value>' is not allowed;
 // allowed: <allowed>" (kInvalidArgument).
 inline Error not_allowed(std::string_view what, std::string_view value, std::string_view allowed) {
-  return invalid_argument(std::string(what) + ": '" + std::string(value) + "' is not allowed; allowed: " +
-                          std::string(allowed));
+  return invalid_argument(std::string(what) + ": '" + std::string(value) +
+                          "' is not allowed; allowed: " + std::string(allowed));
 }
 
 // Value or Error. Nothing in the cores throws across a C boundary; callers

@@ -7,13 +7,12 @@
 #pragma once
 
 #include <cstddef>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
-
-#include <map>
 
 #include "dew/coordinator_port.h"
 #include "dew/result.h"
@@ -166,8 +165,7 @@ struct LaunchFacts {
 // (dew/gpu_binding.h) over its host's devices: too few is an Error
 // (kInvalidArgument) giving the counts. Expects validated options and parsed
 // env.
-Result<LaunchPlan> plan_launch(const LaunchOptions& options, const std::vector<EnvVar>& env,
-                               const LaunchFacts& facts);
+Result<LaunchPlan> plan_launch(const LaunchOptions& options, const std::vector<EnvVar>& env, const LaunchFacts& facts);
 
 // One line for --dry-run: `<rank> <host>: <command>`, where the command is
 // `env -C DIR NAME=VALUE… CMD ARGS…` for a local process and the ssh command

@@ -67,8 +67,8 @@ class Supervisor {
   int exit_code_ = 0;
   bool signalled_ = false;  // the launcher itself was told to stop
   std::vector<std::unique_ptr<Running>> processes_;
-  std::optional<PeerBlame> blame_;   // the first process a line named as failed
-  std::optional<int> awaited_;               // that rank, still running when the failure was named
+  std::optional<PeerBlame> blame_;  // the first process a line named as failed
+  std::optional<int> awaited_;      // that rank, still running when the failure was named
   std::vector<SrunTaskEnd> srun_ends_;
 };
 

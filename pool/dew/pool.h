@@ -46,16 +46,16 @@ Result<Address> parse_address(std::string_view text, std::string_view name);
 
 struct Identity {
   PoolSource source = PoolSource::kAlone;
-  std::string why;             // one line: what made this the source
+  std::string why;  // one line: what made this the source
   int rank = 0;
   int size = 1;
   int local_rank = 0;
   int local_size = 1;
   int node = 0;
-  std::string hostname;        // PMIx's PMIX_HOSTNAME, else gethostname(); filled by join()
+  std::string hostname;  // PMIx's PMIX_HOSTNAME, else gethostname(); filled by join()
   std::optional<Address> coordinator;
   std::string coordinator_from;  // the variable (or rule) it came from
-  bool pmix = false;           // a PMIx server is there: PMIx fences and abort are used
+  bool pmix = false;             // a PMIx server is there: PMIx fences and abort are used
 };
 
 struct JoinOptions {
@@ -203,6 +203,7 @@ class StepWatchdog {
    public:
     ~Step();
     Step(Step&&) = delete;
+
    private:
     friend class StepWatchdog;
     explicit Step(StepWatchdog& owner) : owner_(owner) {}

@@ -12,10 +12,10 @@
 
 #include <cerrno>
 #include <chrono>
-#include <cstdio>
-#include <cstring>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -69,7 +69,8 @@ int connect_to_service() {
     socklen_t length = sizeof error;
     if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) != 0) error = errno;
   }
-  if (error != 0) std::fprintf(stderr, "connect: %s; the service's last line: %s\n", std::strerror(error), last_log().c_str());
+  if (error != 0)
+    std::fprintf(stderr, "connect: %s; the service's last line: %s\n", std::strerror(error), last_log().c_str());
   FUZZ_CHECK(error == 0);
   timeval limit{5, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);

@@ -4,9 +4,9 @@
 // Checked: errors are one non-empty line; a decoded part encodes and
 // decodes back to itself; a graph lists each claimed GPU once, with a
 // square matrix; nothing crashes whatever the parts claim.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <algorithm>
 #include <string>
 #include <vector>
 

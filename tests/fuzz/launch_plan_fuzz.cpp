@@ -14,8 +14,8 @@
 #include <string_view>
 #include <vector>
 
-#include "fuzz_check.h"
 #include "dew/launch_plan.h"
+#include "fuzz_check.h"
 
 namespace {
 

@@ -17,8 +17,8 @@
 #include <set>
 #include <string>
 
-#include "fuzz_check.h"
 #include "dew/mesh.h"
+#include "fuzz_check.h"
 
 namespace {
 

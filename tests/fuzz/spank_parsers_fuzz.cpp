@@ -8,6 +8,8 @@
 // number of modes). Modes that need numbers or flags take them from the END
 // of the input, so the text at the front stays readable in seeds; the text is
 // split on '\n' and '\0' where a mode needs several strings.
+#include <sys/wait.h>
+
 #include <algorithm>
 #include <chrono>
 #include <csignal>
@@ -18,20 +20,18 @@
 #include <set>
 #include <string>
 #include <string_view>
-#include <sys/wait.h>
 #include <vector>
 
 #include "dew/exit_status.h"
 #include "dew/hex.h"
 #include "dew/hostlist.h"
-#include "pool_plan.h"
 #include "fuzz_check.h"
+#include "pool_plan.h"
 
 namespace dew::spank {
 namespace {
 
 // ------------------------------------------------------------ plumbing ---
-
 
 constexpr std::int64_t kLongestWatchdogSeconds = 24 * 365 * 3600;
 
@@ -53,9 +53,7 @@ class Bytes {
     for (int i = 0; i < 4; ++i) value = (value << 8) | byte();
     return value;
   }
-  [[nodiscard]] std::string_view text() const {
-    return {reinterpret_cast<const char*>(data_), size_};
-  }
+  [[nodiscard]] std::string_view text() const { return {reinterpret_cast<const char*>(data_), size_}; }
 
  private:
   const std::uint8_t* data_;
@@ -162,8 +160,7 @@ std::optional<Watchdog> ref_watchdog(std::string_view text) {
     if (digits_end == at || digits_end == text.size()) return std::nullopt;
     auto unit = kUnits.find(text[digits_end], next_unit);
     auto number = ref_decimal(text.substr(at, digits_end - at));
-    if (unit == std::string_view::npos || !number ||
-        *number > static_cast<std::uint64_t>(kLongestWatchdogSeconds)) {
+    if (unit == std::string_view::npos || !number || *number > static_cast<std::uint64_t>(kLongestWatchdogSeconds)) {
       return std::nullopt;
     }
     const std::int64_t scale = unit == 0 ? 3600 : unit == 1 ? 60 : 1;
@@ -179,8 +176,7 @@ bool ref_coordinator_ok(std::string_view text) {
   if (text.empty() || text.size() > 253) return false;
   if (text.front() == '[') {
     if (text.size() <= 2 || text.back() != ']') return false;
-    return std::all_of(text.begin() + 1, text.end() - 1,
-                       [](char c) { return is_xdigit(c) || c == ':' || c == '.'; });
+    return std::all_of(text.begin() + 1, text.end() - 1, [](char c) { return is_xdigit(c) || c == ':' || c == '.'; });
   }
   if (text.front() == '-' || text.front() == '.') return false;
   return std::all_of(text.begin(), text.end(),
@@ -334,19 +330,27 @@ void fuzz_plugstack(const std::vector<std::string>& args, std::string_view input
     }
     if (key == "port_range") {
       auto range = ref_port_range(value);
-      if (!range) expected_ok = false;
-      else expected.port_range = *range;
+      if (!range)
+        expected_ok = false;
+      else
+        expected.port_range = *range;
     } else if (key == "kill_on_bad_exit") {
-      if (value != "yes" && value != "no") expected_ok = false;
-      else expected.kill_on_bad_exit = value == "yes";
+      if (value != "yes" && value != "no")
+        expected_ok = false;
+      else
+        expected.kill_on_bad_exit = value == "yes";
     } else if (key == "watchdog") {
       auto watchdog = ref_watchdog(value);
-      if (!watchdog) expected_ok = false;
-      else expected.watchdog = *watchdog;
+      if (!watchdog)
+        expected_ok = false;
+      else
+        expected.watchdog = *watchdog;
     } else if (key == "devices_per_process") {
       auto count = ref_devices(value);
-      if (!count) expected_ok = false;
-      else expected.devices_per_process = *count;
+      if (!count)
+        expected_ok = false;
+      else
+        expected.devices_per_process = *count;
     } else {
       expected_ok = false;
     }
@@ -371,9 +375,7 @@ void fuzz_plugstack(const std::vector<std::string>& args, std::string_view input
 
 // ---------------------------------------------------------------- port ---
 
-PortRange range_from(std::uint16_t a, std::uint16_t b) {
-  return PortRange{std::min(a, b), std::max(a, b)};
-}
+PortRange range_from(std::uint16_t a, std::uint16_t b) { return PortRange{std::min(a, b), std::max(a, b)}; }
 
 void fuzz_derive_port(Bytes& bytes) {
   const std::uint32_t job = bytes.u32();
@@ -400,8 +402,7 @@ void check_binding(const GpuBindingInput& input, const Result<GpuBinding>& resul
   std::vector<std::string> tokens;
   const auto& visible = input.visible_devices;
   if (visible && !visible->empty() && *visible != "NoDevFiles") tokens = split_commas(*visible);
-  const bool empty_token =
-      std::any_of(tokens.begin(), tokens.end(), [](const std::string& t) { return t.empty(); });
+  const bool empty_token = std::any_of(tokens.begin(), tokens.end(), [](const std::string& t) { return t.empty(); });
   if (empty_token) {
     FUZZ_CHECK(!result.ok());
     check_error(result.error(), raw);
@@ -410,8 +411,10 @@ void check_binding(const GpuBindingInput& input, const Result<GpuBinding>& resul
   if (input.bound_by_slurm || !input.devices_per_process) {
     FUZZ_CHECK(result.ok());
     FUZZ_CHECK(!result.value().visible_devices);
-    if (tokens.empty()) FUZZ_CHECK(!result.value().local_device_ids);
-    else FUZZ_CHECK(result.value().local_device_ids == local_ids(tokens.size()));
+    if (tokens.empty())
+      FUZZ_CHECK(!result.value().local_device_ids);
+    else
+      FUZZ_CHECK(result.value().local_device_ids == local_ids(tokens.size()));
     return;
   }
   const std::uint64_t per_task = *input.devices_per_process;
@@ -460,8 +463,8 @@ void fuzz_slurm_bound(Bytes& bytes) {
   std::optional<std::string> gpus_per_task;
   if (!fields.empty() && !(flags & 0x01)) tres_bind = fields[0];
   if (fields.size() > 1 && !(flags & 0x02)) gpus_per_task = fields[1];
-  const bool expected = (tres_bind && tres_bind->find("gpu:") != std::string::npos) ||
-                        (gpus_per_task && !gpus_per_task->empty());
+  const bool expected =
+      (tres_bind && tres_bind->find("gpu:") != std::string::npos) || (gpus_per_task && !gpus_per_task->empty());
   FUZZ_CHECK(slurm_bound_gpus(tres_bind, gpus_per_task) == expected);
 }
 
@@ -517,8 +520,8 @@ void fuzz_pool_options(Bytes& bytes) {
   if (flags & 0x20) options.watchdog = watchdog_from(bytes.u32());
   if (flags & 0x40) options.kill_on_bad_exit = (flags & 0x80) != 0;
   auto result = check_pool_options(options);
-  const bool orphans = options.multi_host || options.devices_per_process || options.port ||
-                       options.coordinator || options.watchdog || options.kill_on_bad_exit;
+  const bool orphans = options.multi_host || options.devices_per_process || options.port || options.coordinator ||
+                       options.watchdog || options.kill_on_bad_exit;
   FUZZ_CHECK(result.ok() == (options.pool || !orphans));
   if (result.ok()) {
     const auto& same = result.value();
@@ -600,7 +603,8 @@ void fuzz_task_env(Bytes& bytes) {
       options.devices_per_process = DevicesPerProcess();
     } else if (auto count = fuzz_devices_per_process(*text, raw)) {
       options.devices_per_process = DevicesPerProcess(*count);
-      FUZZ_CHECK(parse_devices_per_process_option(*text, "--dew-devices-per-process").value() == DevicesPerProcess(*count));
+      FUZZ_CHECK(parse_devices_per_process_option(*text, "--dew-devices-per-process").value() ==
+                 DevicesPerProcess(*count));
     }
   }
   if (auto text = field(10)) {
@@ -640,8 +644,8 @@ void fuzz_task_env(Bytes& bytes) {
   }
   const auto& plan = result.value();
   const bool pool = facts.task_count > 1 || options.multi_host;
-  for (std::string_view name : {"DEW_PROCESS_ID", "DEW_PROCESS_COUNT", "DEW_LOCAL_PROCESS_ID",
-                                "DEW_LOCAL_PROCESS_COUNT", "DEW_NODE_ID"}) {
+  for (std::string_view name :
+       {"DEW_PROCESS_ID", "DEW_PROCESS_COUNT", "DEW_LOCAL_PROCESS_ID", "DEW_LOCAL_PROCESS_COUNT", "DEW_NODE_ID"}) {
     FUZZ_CHECK(find_set(plan, name) != nullptr);
   }
   FUZZ_CHECK(*find_set(plan, "DEW_PROCESS_ID") == (pool ? std::to_string(facts.global_task) : "0"));
@@ -659,8 +663,7 @@ void fuzz_task_env(Bytes& bytes) {
         options.port ? *options.port : derive_port(facts.job_id, facts.step_id, config.port_range);
     if (!options.port) FUZZ_CHECK(port >= config.port_range.low && port <= config.port_range.high);
     const bool bare_ipv6 = host.value().find(':') != std::string::npos && host.value().front() != '[';
-    const std::string expected =
-        (bare_ipv6 ? "[" + host.value() + "]" : host.value()) + ":" + std::to_string(port);
+    const std::string expected = (bare_ipv6 ? "[" + host.value() + "]" : host.value()) + ":" + std::to_string(port);
     FUZZ_CHECK(*address == expected);
     FUZZ_CHECK(facts.pool_secret && !facts.pool_secret->empty());
     const auto* secret = find_set(plan, "DEW_POOL_SECRET");
@@ -766,22 +769,54 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   Bytes bytes(data + 1, size - 1);
   const std::string_view text = bytes.text();
   switch (mode) {
-    case 'a': fuzz_plugstack(split_fields(text), text); break;
-    case 'd': fuzz_devices_per_process(text, text); break;
-    case 'p': fuzz_port(text, text); break;
-    case 'r': fuzz_port_range(text, text); break;
-    case 'w': fuzz_watchdog(text, text); break;
-    case 'y': fuzz_yes_no(text, text); break;
-    case 'c': fuzz_coordinator(text, text); break;
-    case 'h': fuzz_hostlist(text, text); break;
-    case 'n': fuzz_derive_port(bytes); break;
-    case 'g': fuzz_bind_gpus(bytes); break;
-    case 'b': fuzz_slurm_bound(bytes); break;
-    case 'x': fuzz_xla(bytes); break;
-    case 't': fuzz_task_env(bytes); break;
-    case 's': fuzz_misc(bytes); break;
-    case 'o': fuzz_pool_options(bytes); break;
-    default: fuzz_all_text(text); break;
+    case 'a':
+      fuzz_plugstack(split_fields(text), text);
+      break;
+    case 'd':
+      fuzz_devices_per_process(text, text);
+      break;
+    case 'p':
+      fuzz_port(text, text);
+      break;
+    case 'r':
+      fuzz_port_range(text, text);
+      break;
+    case 'w':
+      fuzz_watchdog(text, text);
+      break;
+    case 'y':
+      fuzz_yes_no(text, text);
+      break;
+    case 'c':
+      fuzz_coordinator(text, text);
+      break;
+    case 'h':
+      fuzz_hostlist(text, text);
+      break;
+    case 'n':
+      fuzz_derive_port(bytes);
+      break;
+    case 'g':
+      fuzz_bind_gpus(bytes);
+      break;
+    case 'b':
+      fuzz_slurm_bound(bytes);
+      break;
+    case 'x':
+      fuzz_xla(bytes);
+      break;
+    case 't':
+      fuzz_task_env(bytes);
+      break;
+    case 's':
+      fuzz_misc(bytes);
+      break;
+    case 'o':
+      fuzz_pool_options(bytes);
+      break;
+    default:
+      fuzz_all_text(text);
+      break;
   }
   return 0;
 }

@@ -15,7 +15,6 @@
 
 namespace {
 
-
 using dew::topology::PathClass;
 using dew::topology::Topology;
 

@@ -37,7 +37,7 @@ inline const std::string kPrintIdentity =
     "secret=$DEW_POOL_SECRET";
 
 inline RunResult dew_launch(std::vector<std::string> args, std::map<std::string, std::string> env = {},
-                     std::chrono::milliseconds timeout = 60s) {
+                            std::chrono::milliseconds timeout = 60s) {
   args.insert(args.begin(), {dew_exe(), "launch"});
   return run(args, env, timeout);
 }

@@ -129,7 +129,8 @@ TEST(LaunchLocal, FirstFailureStopsTheOthersAndReturnsItsCode) {
                               "done;; *) exec sleep 60;; esac";
   auto r = dew_launch({"--processes-per-host", "4", "--", "/bin/sh", "-c", program}, {}, 30s);
   EXPECT_EQ(r.exit_code, 3) << describe(r);
-  EXPECT_THAT(r.err, HasSubstr("dew launch: rank 1 on localhost ended with exit code 3; stopping the other processes\n"));
+  EXPECT_THAT(r.err,
+              HasSubstr("dew launch: rank 1 on localhost ended with exit code 3; stopping the other processes\n"));
   EXPECT_LT(r.seconds, 0.5 + 2.0) << "the others are gone within 2 s of the failure";
   auto pids = pids_in(dir, "pid.", 4);
   ASSERT_EQ(pids.size(), 4u);
@@ -330,10 +331,10 @@ TEST(LaunchPool, FourLocalProcessesJoinTheRuntimePool) {
 TEST(LaunchPool, AttentionCheckAcrossFourLocalProcesses) {
   // dew attention-check in a pool dew launch starts: 4 processes x 2 devices,
   // every sequence group spanning processes; process 0 prints the table.
-  auto r = dew_launch({"--processes-per-host", "4", "--", dew_exe(), "attention-check", "--devices-per-process", "2",
-                       "--heads", "8", "--kv-heads", "8", "--length", "256", "--head-dim", "16", "--mesh",
-                       "sequence=4,fsdp=2", "--runs", "1"},
-                      {{"OPENBLAS_NUM_THREADS", "1"}}, 120s);
+  auto r = dew_launch(
+      {"--processes-per-host", "4", "--", dew_exe(), "attention-check", "--devices-per-process", "2", "--heads", "8",
+       "--kv-heads", "8", "--length", "256", "--head-dim", "16", "--mesh", "sequence=4,fsdp=2", "--runs", "1"},
+      {{"OPENBLAS_NUM_THREADS", "1"}}, 120s);
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   EXPECT_THAT(r.out, HasSubstr("[0] attention check: 8 devices (4 processes x 2), mesh fsdp=2,sequence=4;"));
   EXPECT_EQ(dew::testing::occurrences(r.out, "  ok\n"), 2) << describe(r);

@@ -61,10 +61,10 @@ TEST(LaunchSlurm, AFailedTaskEndsTheStep) {
 TEST(LaunchSlurm, ARuntimePoolsFailureGivesTheFailingRanksCodeAndOnePrefix) {
   // libdew's peers end with 75 and srun with the largest code, 75: the
   // launcher exits with rank 1's own code, read from srun's lines.
-  auto r = cluster().command({"salloc", "-N2", "--ntasks-per-node=2", "--quiet", dew_exe(), "launch", "--slurm",
-                              "--processes-per-host", "2", "--coordinator", "127.0.0.1", "--", pool_worker(), "fail",
-                              "1", "3"},
-                             {}, 60s);
+  auto r = cluster().command(
+      {"salloc", "-N2", "--ntasks-per-node=2", "--quiet", dew_exe(), "launch", "--slurm", "--processes-per-host", "2",
+       "--coordinator", "127.0.0.1", "--", pool_worker(), "fail", "1", "3"},
+      {}, 60s);
   EXPECT_EQ(r.exit_code, 3) << describe(r);
   EXPECT_THAT(r.err, HasSubstr("[1] error: data loader raised on rank 1")) << describe(r);
   EXPECT_THAT(r.err, Not(HasSubstr("[1] [1]"))) << "libdew's prefix and srun's label: once";
@@ -111,16 +111,16 @@ TEST(LaunchSlurm, WithoutThePluginTheLauncherGivesThePoolItsSecretAndCoordinator
   // coordinator from --coordinator (the node names of this one-host cluster
   // do not resolve).
   const std::map<std::string, std::string> env = {{"SLURM_CONF", conf_without_plugin()}};
-  auto r = cluster().command({"salloc", "-N2", "--ntasks-per-node=2", "--quiet", dew_exe(), "launch", "--slurm",
-                              "--processes-per-host", "2", "--coordinator", "127.0.0.1", "--", pool_worker(),
-                              "exchange"},
-                             env, 60s);
+  auto r =
+      cluster().command({"salloc", "-N2", "--ntasks-per-node=2", "--quiet", dew_exe(), "launch", "--slurm",
+                         "--processes-per-host", "2", "--coordinator", "127.0.0.1", "--", pool_worker(), "exchange"},
+                        env, 60s);
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   EXPECT_EQ(occurrences(r.out, "gather=rank 0|rank 1|rank 2|rank 3 squares=0,1,4,9"), 4) << describe(r);
   EXPECT_THAT(r.err, HasSubstr("[3] Joined the pool: process 3 of 4 (slurm, tcp)")) << describe(r);
-  auto dry = cluster().command({dew_exe(), "launch", "--slurm", "--dry-run", "--coordinator", "10.0.0.1", "--port",
-                                "23456", "--", "/bin/true"},
-                               env, 60s);
+  auto dry = cluster().command(
+      {dew_exe(), "launch", "--slurm", "--dry-run", "--coordinator", "10.0.0.1", "--port", "23456", "--", "/bin/true"},
+      env, 60s);
   EXPECT_THAT(dry.out, HasSubstr("DEW_POOL_SECRET=<64 hex digits, drawn at launch>")) << describe(dry);
   EXPECT_THAT(dry.out, HasSubstr("DEW_COORDINATOR_ADDRESS=10.0.0.1:23456")) << describe(dry);
 }

@@ -21,7 +21,6 @@ using ::testing::Not;
 
 // ---------------------------------------------------------------------- ssh
 
-
 bool accepts(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in address{};
@@ -212,7 +211,8 @@ TEST_F(SshLaunch, AHostWithoutPasswordlessLoginIsNamedInOneLine) {
   EXPECT_EQ(r.exit_code, 1) << describe(r);
   EXPECT_THAT(r.err, HasSubstr("dew launch: cannot ask wrongkey for a free port over ssh (ended with exit code 255: "));
   EXPECT_THAT(r.err, HasSubstr("Permission denied"));
-  EXPECT_THAT(r.err, HasSubstr("passwordless ssh must work: check that `ssh -o BatchMode=yes -- wrongkey true` succeeds"));
+  EXPECT_THAT(r.err,
+              HasSubstr("passwordless ssh must work: check that `ssh -o BatchMode=yes -- wrongkey true` succeeds"));
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   // Not the first host: the rank is named when its ssh fails.
   auto second = launch({"--hosts", "node0", "wrongkey", "--", "/bin/true"}, 30s);

@@ -76,7 +76,11 @@ TEST(PoolMesh, TwoHostsTopologiesGiveOneHybridMeshUnderEveryLauncher) {
 }
 
 TEST(PoolMesh, AFourAndAnEightGpuHostAreRefusedWithTheNumbers) {
-  std::vector<std::string> args = {"--dew-pool", "--dew-coordinator=127.0.0.1", "-N2", "--ntasks-per-node=1", "sh",
+  std::vector<std::string> args = {"--dew-pool",
+                                   "--dew-coordinator=127.0.0.1",
+                                   "-N2",
+                                   "--ntasks-per-node=1",
+                                   "sh",
                                    "-c",
                                    per_node("rtx3090-4gpu.nvidia-smi-topo.txt", "dgx1v.nccl-topo.xml", "fsdp=4")};
   auto r = cluster().srun(args, {}, 60s);

@@ -3,7 +3,6 @@
 // coordinator and secret (srun --dew-pool).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-
 #include <signal.h>
 #include <unistd.h>
 
@@ -28,10 +27,10 @@ void expect_exchange(const RunResult& run, const std::string& source, const std:
   ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
   for (int r = 0; r < 4; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
-    EXPECT_THAT(run.out, HasSubstr("RESULT rank=" + std::to_string(r) + " size=4 source=" + source + " backend=" + backend +
-                                   " local=" + std::to_string(r % 2) + "/2"));
-    EXPECT_THAT(run.err, HasSubstr("[" + std::to_string(r) + "] Joined the pool: process " + std::to_string(r) + " of 4 (" +
-                                   source + ", " + backend + ")"));
+    EXPECT_THAT(run.out, HasSubstr("RESULT rank=" + std::to_string(r) + " size=4 source=" + source +
+                                   " backend=" + backend + " local=" + std::to_string(r % 2) + "/2"));
+    EXPECT_THAT(run.err, HasSubstr("[" + std::to_string(r) + "] Joined the pool: process " + std::to_string(r) +
+                                   " of 4 (" + source + ", " + backend + ")"));
   }
   EXPECT_EQ(occurrences(run.out, "gets=hello from 0|hello from 1|hello from 2|hello from 3"), 4) << run.out;
   EXPECT_EQ(occurrences(run.out, "gather=rank 0|rank 1|rank 2|rank 3 squares=0,1,4,9"), 4) << run.out;
@@ -45,10 +44,10 @@ TEST(SlurmPool, PmixBackendUnderSrunMpiPmix) {
 TEST(SlurmPool, TcpServiceUnderSrunDewPool) {
   // The plugin's coordinator host is the node name, which does not resolve
   // on this one-host cluster: name the address instead.
-  expect_exchange(cluster().srun({"--dew-pool", "--dew-coordinator=127.0.0.1", "-N2", "--ntasks-per-node=2", worker(),
-                                  "exchange"},
-                                 {}, 60s),
-                  "slurm", "tcp");
+  expect_exchange(
+      cluster().srun({"--dew-pool", "--dew-coordinator=127.0.0.1", "-N2", "--ntasks-per-node=2", worker(), "exchange"},
+                     {}, 60s),
+      "slurm", "tcp");
 }
 
 TEST(SlurmPool, ARankThatThrowsEndsTheStepWithItsErrorPrintedOnce) {
@@ -79,9 +78,9 @@ std::vector<std::string> plugin_lines(const std::string& err) {
 TEST(SlurmPool, ThePluginNamesTheFailingRankNeverAPeerThatEndedWith75) {
   for (int run = 0; run < 8; ++run) {
     SCOPED_TRACE("run " + std::to_string(run));
-    const auto r = cluster().srun({"--dew-pool", "--dew-coordinator=127.0.0.1", "-N2", "--ntasks-per-node=2", worker(),
-                                   "fail", "1", "3"},
-                                  {}, 60s);
+    const auto r = cluster().srun(
+        {"--dew-pool", "--dew-coordinator=127.0.0.1", "-N2", "--ntasks-per-node=2", worker(), "fail", "1", "3"}, {},
+        60s);
     EXPECT_LT(r.seconds, 5.0) << r.err;
     const auto lines = plugin_lines(r.err);
     ASSERT_EQ(lines.size(), 1u) << r.err;
@@ -134,10 +133,10 @@ TEST(SlurmPool, SequenceParallelAttentionUnderSrunDewPool) {
   const char* attention_worker = std::getenv("DEW_ATTENTION_POOL_WORKER");
   ASSERT_NE(attention_worker, nullptr) << "the build names tests/unit/attention/pool_worker here";
   // 2 nodes x 1 task x 2 devices: each node's devices are threads of its task.
-  expect_attention(cluster().srun({"--dew-pool", "--dew-coordinator=127.0.0.1", "-N2", "--ntasks-per-node=1",
-                                   attention_worker, "2"},
-                                  {{"OPENBLAS_NUM_THREADS", "1"}}, 120s),
-                   2, 2);
+  expect_attention(
+      cluster().srun({"--dew-pool", "--dew-coordinator=127.0.0.1", "-N2", "--ntasks-per-node=1", attention_worker, "2"},
+                     {{"OPENBLAS_NUM_THREADS", "1"}}, 120s),
+      2, 2);
 }
 
 TEST(SlurmPool, SequenceParallelAttentionUnderSrunMpiPmix) {
@@ -153,9 +152,25 @@ TEST(SlurmPool, DewAttentionCheckUnderSrun) {
   // What a user runs to see sequence-parallel attention work on their
   // allocation: 2 nodes x 1 task x 2 devices, heads over tensor 2 x sequence 2
   // (each node's two devices a sequence group, one tensor shard per node).
-  const auto run = cluster().srun({"--dew-pool", "--dew-coordinator=127.0.0.1", "-N2", "--ntasks-per-node=1", dew_exe(),
-                                   "attention-check", "--devices-per-process", "2", "--mesh", "tensor=2,sequence=2",
-                                   "--heads", "8", "--kv-heads", "4", "--length", "256", "--head-dim", "32", "--runs",
+  const auto run = cluster().srun({"--dew-pool",
+                                   "--dew-coordinator=127.0.0.1",
+                                   "-N2",
+                                   "--ntasks-per-node=1",
+                                   dew_exe(),
+                                   "attention-check",
+                                   "--devices-per-process",
+                                   "2",
+                                   "--mesh",
+                                   "tensor=2,sequence=2",
+                                   "--heads",
+                                   "8",
+                                   "--kv-heads",
+                                   "4",
+                                   "--length",
+                                   "256",
+                                   "--head-dim",
+                                   "32",
+                                   "--runs",
                                    "1"},
                                   {{"OPENBLAS_NUM_THREADS", "1"}}, 120s);
   ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
@@ -167,19 +182,34 @@ TEST(SlurmPool, DewAttentionCheckUnderSrun) {
   EXPECT_THAT(run.err, HasSubstr("[1] Joined the pool: process 1 of 2 (slurm, tcp)")) << run.err;
 
   // Every device on the sequence axis: the groups span the two nodes.
-  const auto across = cluster().srun({"--dew-pool", "--dew-coordinator=127.0.0.1", "-N2", "--ntasks-per-node=1",
-                                      dew_exe(), "attention-check", "--devices-per-process", "2", "--heads", "8",
-                                      "--kv-heads", "4", "--length", "256", "--head-dim", "32", "--mask", "window=40",
-                                      "--runs", "1"},
+  const auto across = cluster().srun({"--dew-pool",
+                                      "--dew-coordinator=127.0.0.1",
+                                      "-N2",
+                                      "--ntasks-per-node=1",
+                                      dew_exe(),
+                                      "attention-check",
+                                      "--devices-per-process",
+                                      "2",
+                                      "--heads",
+                                      "8",
+                                      "--kv-heads",
+                                      "4",
+                                      "--length",
+                                      "256",
+                                      "--head-dim",
+                                      "32",
+                                      "--mask",
+                                      "window=40",
+                                      "--runs",
+                                      "1"},
                                      {{"OPENBLAS_NUM_THREADS", "1"}}, 120s);
   ASSERT_EQ(across.exit_code, 0) << across.out << across.err;
   EXPECT_THAT(across.out, HasSubstr("4 devices (2 processes x 2), mesh sequence=4;")) << across.out;
   EXPECT_EQ(occurrences(across.out, "  ok\n"), 2) << across.out;
 
   // The same over a PMIx pool: 2 nodes x 2 tasks, one device each.
-  const auto pmix = cluster().srun({"--mpi=pmix", "-N2", "--ntasks-per-node=2", dew_exe(), "attention-check",
-                                    "--heads", "8", "--kv-heads", "4", "--length", "256", "--head-dim", "32", "--runs",
-                                    "1"},
+  const auto pmix = cluster().srun({"--mpi=pmix", "-N2", "--ntasks-per-node=2", dew_exe(), "attention-check", "--heads",
+                                    "8", "--kv-heads", "4", "--length", "256", "--head-dim", "32", "--runs", "1"},
                                    {{"OPENBLAS_NUM_THREADS", "1"}}, 120s);
   ASSERT_EQ(pmix.exit_code, 0) << pmix.out << pmix.err;
   EXPECT_THAT(pmix.out, HasSubstr("4 devices (4 processes x 1), mesh sequence=4;")) << pmix.out;
@@ -188,7 +218,8 @@ TEST(SlurmPool, DewAttentionCheckUnderSrun) {
 }
 
 TEST(SlurmPool, DewEnvShowsTheResolvedIdentity) {
-  const auto pooled = cluster().srun({"--dew-pool", "--dew-coordinator=127.0.0.1", "-N2", "-n2", "-l", dew_exe(), "env"}, {}, 30s);
+  const auto pooled =
+      cluster().srun({"--dew-pool", "--dew-coordinator=127.0.0.1", "-N2", "-n2", "-l", dew_exe(), "env"}, {}, 30s);
   ASSERT_EQ(pooled.exit_code, 0) << pooled.err;
   EXPECT_THAT(pooled.out, HasSubstr("1: source:       slurm"));
   EXPECT_THAT(pooled.out, HasSubstr("1: process:      1 of 2"));

@@ -15,8 +15,8 @@ using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
 TEST(SrunDewPoolGpus, DevicesPerProcessSplitsTheNodesGpus) {
-  auto tasks = srun_task_environments({"--dew-pool", "--dew-devices-per-process=2", "-N2", "-n4", "--ntasks-per-node=2",
-                           "--gpus-per-node=4"});
+  auto tasks = srun_task_environments(
+      {"--dew-pool", "--dew-devices-per-process=2", "-N2", "-n4", "--ntasks-per-node=2", "--gpus-per-node=4"});
   ASSERT_EQ(tasks.size(), 4u);
   for (auto& [rank, env] : tasks) {
     SCOPED_TRACE("rank " + std::to_string(rank));
@@ -27,8 +27,8 @@ TEST(SrunDewPoolGpus, DevicesPerProcessSplitsTheNodesGpus) {
 }
 
 TEST(SrunDewPoolGpus, WithoutDevicesPerProcessEveryTaskSeesAll) {
-  auto r = cluster().srun({"--dew-pool", "-N2", "-n4", "--ntasks-per-node=2", "--gpus-per-node=4", "-l", "env"}, {},
-                          30s);
+  auto r =
+      cluster().srun({"--dew-pool", "-N2", "-n4", "--ntasks-per-node=2", "--gpus-per-node=4", "-l", "env"}, {}, 30s);
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   auto tasks = task_environments(r.out);
   ASSERT_EQ(tasks.size(), 4u) << describe(r);  // a loop over nothing would pass
@@ -53,9 +53,8 @@ TEST(SrunDewPoolGpus, PlugstackDevicesPerProcessIsTheDefault) {
 TEST(SrunDewPoolGpus, PlugstackDevicesPerProcessLeavesStepsWithoutGpusAndCanBeSwitchedOff) {
   cluster().set_plugstack_args("devices_per_process=2");
   auto cpu_only = cluster().srun({"--dew-pool", "-N2", "-n4", "-l", "env"}, {}, 30s);
-  auto off = cluster().srun({"--dew-pool", "--dew-devices-per-process=off", "-N1", "-n4", "--gpus-per-node=4", "-l",
-                             "env"},
-                            {}, 30s);
+  auto off = cluster().srun(
+      {"--dew-pool", "--dew-devices-per-process=off", "-N1", "-n4", "--gpus-per-node=4", "-l", "env"}, {}, 30s);
   cluster().set_plugstack_args("");
   ASSERT_EQ(cpu_only.exit_code, 0) << describe(cpu_only);
   auto tasks = task_environments(cpu_only.out);
@@ -71,8 +70,8 @@ TEST(SrunDewPoolGpus, PlugstackDevicesPerProcessLeavesStepsWithoutGpusAndCanBeSw
 }
 
 TEST(SrunDewPoolGpus, SlurmsPerTaskBindingIsKept) {
-  auto tasks = srun_task_environments({"--dew-pool", "--dew-devices-per-process=2", "-N2", "-n4", "--ntasks-per-node=2",
-                           "--gpus-per-task=1"});
+  auto tasks = srun_task_environments(
+      {"--dew-pool", "--dew-devices-per-process=2", "-N2", "-n4", "--ntasks-per-node=2", "--gpus-per-task=1"});
   ASSERT_EQ(tasks.size(), 4u);
   for (auto& [rank, env] : tasks) {
     SCOPED_TRACE("rank " + std::to_string(rank));

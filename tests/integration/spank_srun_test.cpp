@@ -24,8 +24,9 @@ using ::testing::Not;
 using namespace std::chrono_literals;
 
 const std::vector<std::string> kDewVariables = {
-    "DEW_PROCESS_ID", "DEW_PROCESS_COUNT", "DEW_LOCAL_PROCESS_ID", "DEW_LOCAL_PROCESS_COUNT", "DEW_NODE_ID",
-    "DEW_COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS", "DEW_POOL_SECRET", "JAX_LOCAL_DEVICE_IDS"};
+    "DEW_PROCESS_ID",          "DEW_PROCESS_COUNT", "DEW_LOCAL_PROCESS_ID",
+    "DEW_LOCAL_PROCESS_COUNT", "DEW_NODE_ID",       "DEW_COORDINATOR_ADDRESS",
+    "JAX_COORDINATOR_ADDRESS", "DEW_POOL_SECRET",   "JAX_LOCAL_DEVICE_IDS"};
 
 TEST(SrunDewPool, EveryTaskOfTwoNodesGetsItsIdentityAndOneCoordinator) {
   auto tasks = srun_task_environments({"--dew-pool", "-N2", "-n4"});
@@ -33,8 +34,7 @@ TEST(SrunDewPool, EveryTaskOfTwoNodesGetsItsIdentityAndOneCoordinator) {
 
   const auto job = static_cast<std::uint32_t>(std::stoul(tasks[0]["SLURM_JOB_ID"]));
   const auto step = static_cast<std::uint32_t>(std::stoul(tasks[0]["SLURM_STEP_ID"]));
-  const auto expected_address =
-      "n1:" + std::to_string(dew::derive_port(job, step, dew::PortRange{}));
+  const auto expected_address = "n1:" + std::to_string(dew::derive_port(job, step, dew::PortRange{}));
   std::map<std::string, int> tasks_per_node;
   for (auto& [rank, env] : tasks) ++tasks_per_node[env["SLURM_NODEID"]];
   EXPECT_EQ(tasks_per_node.size(), 2u) << "both nodes run tasks";
@@ -96,7 +96,8 @@ TEST(SrunDewPool, SecretSurvivesExportNone) {
 
 TEST(SrunDewPool, TwoStepsAtOnceInOneAllocationGetDifferentPorts) {
   // Both steps print their address, then stay up long enough to overlap.
-  const std::string step = "srun --dew-pool -N2 -n2 --overlap bash -c 'echo \"$SLURM_STEP_ID $DEW_COORDINATOR_ADDRESS\"; sleep 2'";
+  const std::string step =
+      "srun --dew-pool -N2 -n2 --overlap bash -c 'echo \"$SLURM_STEP_ID $DEW_COORDINATOR_ADDRESS\"; sleep 2'";
   auto r = cluster().command({"salloc", "-N2", "-n4", "bash", "-c", step + " & " + step + " & wait"}, {}, 60s);
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   std::map<std::string, std::set<std::string>> addresses_by_step;
@@ -126,8 +127,8 @@ TEST(SrunDewPool, BadOptionValueFailsBeforeAnyTaskRuns) {
 
 TEST(SrunDewPool, AnOptionGivenTwiceWithDifferentValuesIsRefused) {
   const auto marker = marker_path("twice");
-  auto r = cluster().srun({"--dew-pool", "--dew-port=30001", "--dew-port=30002", "-N1", "-n1", "touch", marker}, {},
-                          30s);
+  auto r =
+      cluster().srun({"--dew-pool", "--dew-port=30001", "--dew-port=30002", "-N1", "-n1", "touch", marker}, {}, 30s);
   EXPECT_NE(r.exit_code, 0) << describe(r);
   EXPECT_THAT(r.err, HasSubstr("--dew-port was given twice, as '30001' and '30002'"));
   EXPECT_FALSE(std::filesystem::exists(marker));
@@ -195,9 +196,9 @@ TEST(SrunDewPool, FailingRankEndsTheWholeStepWithinSeconds) {
 }
 
 TEST(SrunDewPool, RankKilledBySignalIsNamed) {
-  auto r = cluster().srun({"--dew-pool", "-N2", "-n2", "bash", "-c",
-                           "if [ \"$DEW_PROCESS_ID\" = 1 ]; then kill -SEGV $$; fi; sleep 600"},
-                          {}, 60s);
+  auto r = cluster().srun(
+      {"--dew-pool", "-N2", "-n2", "bash", "-c", "if [ \"$DEW_PROCESS_ID\" = 1 ]; then kill -SEGV $$; fi; sleep 600"},
+      {}, 60s);
   EXPECT_LT(r.seconds, 5.0) << describe(r);
   EXPECT_THAT(r.err, HasSubstr("dew: rank 1 ended with signal 11 (SIGSEGV)")) << describe(r);
 }
@@ -209,7 +210,8 @@ TEST(SrunDewPool, KillOnBadExitOffLetsTheOthersFinish) {
   EXPECT_FALSE(r.timed_out) << describe(r);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.err, Not(HasSubstr("ending step")));
-  for (const char* rank : {"0", "2", "3"}) EXPECT_THAT(r.out, HasSubstr(std::string(rank) + ": finished")) << describe(r);
+  for (const char* rank : {"0", "2", "3"})
+    EXPECT_THAT(r.out, HasSubstr(std::string(rank) + ": finished")) << describe(r);
   EXPECT_THAT(r.out, Not(HasSubstr("1: finished")));
 }
 

@@ -50,8 +50,9 @@ TEST(WorkerDrills, ARankStalledInsideAStepIsNamedByTheStepWatchdog) {
 
 TEST(WorkerDrills, ARankStalledBeforeACheckpointAgreementIsNamedByThePatience) {
   TempDir dir;
-  auto r = launch_worker(4, hybrid_with({"--drill", "stall-before-checkpoint@3:5", "--checkpoint-dir", dir / "ck",
-                                         "--checkpoint-every", "5"}),
+  auto r = launch_worker(4,
+                         hybrid_with({"--drill", "stall-before-checkpoint@3:5", "--checkpoint-dir", dir / "ck",
+                                      "--checkpoint-every", "5"}),
                          {}, {{"DEW_AGREEMENT_PATIENCE_SECONDS", "2"}});
   EXPECT_NE(r.exit_code, 0) << describe(r);
   EXPECT_NE(r.exit_code, 75);

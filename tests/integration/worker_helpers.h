@@ -2,10 +2,9 @@
 // (--out), its losses and fsdp groups, and how far two runs' losses are apart.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -43,8 +42,7 @@ inline double loss_gap(const std::vector<double>& a, const std::vector<double>& 
 // `dew worker ARGS` under `dew launch --processes-per-host P`, without the
 // shared dataset cache.
 inline RunResult launch_worker(int processes, std::vector<std::string> worker_args,
-                               std::vector<std::string> launch_args = {},
-                               std::map<std::string, std::string> env = {},
+                               std::vector<std::string> launch_args = {}, std::map<std::string, std::string> env = {},
                                std::chrono::milliseconds timeout = std::chrono::seconds(120)) {
   std::vector<std::string> args = launch_args;
   args.insert(args.end(), {"--processes-per-host", std::to_string(processes), "--", dew_exe(), "worker"});
@@ -57,7 +55,7 @@ inline RunResult launch_worker(int processes, std::vector<std::string> worker_ar
 
 // The worker alone: one process with `devices` CPU devices.
 inline RunResult alone_worker(int devices, std::vector<std::string> worker_args) {
-  std::vector<std::string> args = {dew_exe(), "worker", "--devices-per-process", std::to_string(devices),
+  std::vector<std::string> args = {dew_exe(),     "worker", "--devices-per-process", std::to_string(devices),
                                    "--cache-dir", "off"};
   args.insert(args.end(), worker_args.begin(), worker_args.end());
   return run(args, {}, std::chrono::seconds(120));

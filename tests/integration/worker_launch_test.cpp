@@ -36,8 +36,8 @@ const WorkerReport& reference(const TempDir& dir, int steps = 20) {
 
 TEST(Worker, HybridShardingRecordsTheDesignPagesFsdpGroups) {
   TempDir dir;
-  auto hybrid = launch_worker(4, {"--devices-per-process", "2", "--out", dir / "pool.json", "--mesh",
-                                  R"({"fsdp": 2, "replicas": 2})"});
+  auto hybrid = launch_worker(
+      4, {"--devices-per-process", "2", "--out", dir / "pool.json", "--mesh", R"({"fsdp": 2, "replicas": 2})"});
   ASSERT_EQ(hybrid.exit_code, 0) << describe(hybrid);
   const auto pool = read_report(dir / "pool.json");
   EXPECT_EQ(pool.fsdp_groups, (std::vector<std::vector<int>>{{0, 1}, {0, 1}, {2, 3}, {2, 3}}));
@@ -49,7 +49,8 @@ TEST(Worker, HybridShardingRecordsTheDesignPagesFsdpGroups) {
   EXPECT_LT(loss_gap(pool.losses, reference(dir).losses), 1e-6);
   EXPECT_LT(pool.losses.back(), pool.losses.front() - 0.5) << "it learns";
 
-  auto plain = launch_worker(4, {"--devices-per-process", "2", "--out", dir / "plain.json", "--mesh", R"({"fsdp": 2})"});
+  auto plain =
+      launch_worker(4, {"--devices-per-process", "2", "--out", dir / "plain.json", "--mesh", R"({"fsdp": 2})"});
   ASSERT_EQ(plain.exit_code, 0) << describe(plain);
   EXPECT_EQ(read_report(dir / "plain.json").fsdp_groups, (std::vector<std::vector<int>>{{0}, {1}, {2}, {3}}));
 }
@@ -97,8 +98,8 @@ TEST(Worker, BadInputIsOneLineWithTheNumbersBeforeAnyStep) {
       {{"--devices-per-process", "2", "--mesh", "sequence=4", "--length", "18"},
        "the length 18 does not split over sequence 4; allowed: a multiple of 4"},
       {{"--mesh", "expert=2"}, "expert=2: the worker's model has no experts"},
-      {{"--devices-per-process", "2", "--mesh", "sequence=4", "--exchange", "all-to-all", "--kv-heads", "1",
-        "--heads", "2", "--width", "16"},
+      {{"--devices-per-process", "2", "--mesh", "sequence=4", "--exchange", "all-to-all", "--kv-heads", "1", "--heads",
+        "2", "--width", "16"},
        "--exchange all-to-all cannot run over sequence 4"},
       {{"--drill", "explode@1:2"}, "--drill: 'explode@1:2' is not allowed; allowed: KIND@RANK:STEP"},
   };
@@ -125,7 +126,9 @@ TEST(LayoutParity, EveryLayoutOfEightDevicesPassesInOneProcessAndAsAPool) {
   // As a pool of 4 processes x 2 devices, hybrid layouts run too.
   auto pool = dew_launch({"--processes-per-host", "4", "--", dew_exe(), "layout-parity", "--steps", "2"}, {}, 120s);
   EXPECT_EQ(pool.exit_code, 0) << describe(pool);
-  EXPECT_THAT(pool.out, MatchesRegex("(.|\n)*\n\\[0\\] data=2,fsdp=2,sequence=2,replicas=2 +all-to-all +([0-9.e+-]+ +){6}pass\n(.|\n)*"));
+  EXPECT_THAT(
+      pool.out,
+      MatchesRegex("(.|\n)*\n\\[0\\] data=2,fsdp=2,sequence=2,replicas=2 +all-to-all +([0-9.e+-]+ +){6}pass\n(.|\n)*"));
   EXPECT_THAT(pool.err, HasSubstr("layout-parity: 33 passed, 0 failed, 17 refused by the rules"));
 }
 
@@ -163,8 +166,8 @@ TEST(WorkerCheckpoints, ResumingGivesTheLossesOfAnUninterruptedRunInAnyLayout) {
 
 TEST(WorkerCheckpoints, AKillWhileSavingLeavesThePreviousCheckpointToResumeFrom) {
   TempDir dir;
-  const std::vector<std::string> layout = {"--devices-per-process", "2", "--mesh", "fsdp=4", "--checkpoint-dir",
-                                           dir / "ck"};
+  const std::vector<std::string> layout = {"--devices-per-process", "2",       "--mesh", "fsdp=4",
+                                           "--checkpoint-dir",      dir / "ck"};
   auto straight = launch_worker(4, {"--devices-per-process", "2", "--mesh", "fsdp=4", "--out", dir / "straight.json"});
   ASSERT_EQ(straight.exit_code, 0) << describe(straight);
   std::vector<std::string> crash = layout;
@@ -185,8 +188,8 @@ TEST(WorkerCheckpoints, AKillWhileSavingLeavesThePreviousCheckpointToResumeFrom)
 TEST(WorkerCheckpoints, PrivateDirectoriesKeepTheirOwnHomeAndShareTheCheckpointDirectory) {
   TempDir dir;
   // A relative directory is each process's own under --private-dirs: refused, naming who sees what.
-  auto own = launch_worker(2, {"--checkpoint-dir", "ck", "--checkpoint-every", "1", "--steps", "2"},
-                           {"--private-dirs"});
+  auto own =
+      launch_worker(2, {"--checkpoint-dir", "ck", "--checkpoint-every", "1", "--steps", "2"}, {"--private-dirs"});
   EXPECT_NE(own.exit_code, 0);
   EXPECT_THAT(own.err, HasSubstr("--checkpoint-dir: directory 'ck' is not one directory shared by all 2 processes: "
                                  "process 0 sees the tokens of processes 0; process 1 sees the tokens of processes 1"));

@@ -41,8 +41,8 @@ TEST(WorkerSlurm, TheHybridPoolMatchesOneProcessUnderEveryLauncher) {
   TempDir dir;
   ASSERT_EQ(alone_worker(8, {"--mesh", R"({"fsdp": 8})", "--out", dir / "one.json"}).exit_code, 0);
   const auto one = read_report(dir / "one.json").losses;
-  const std::vector<std::pair<std::string, std::vector<std::string>>> launchers = {
-      {"srun --dew-pool", kDewPool}, {"srun --mpi=pmix", {"--mpi=pmix"}}};
+  const std::vector<std::pair<std::string, std::vector<std::string>>> launchers = {{"srun --dew-pool", kDewPool},
+                                                                                   {"srun --mpi=pmix", {"--mpi=pmix"}}};
   for (const auto& [name, mode] : launchers) {
     SCOPED_TRACE(name);
     const std::string out = dir / "pool.json";
@@ -56,8 +56,9 @@ TEST(WorkerSlurm, TheHybridPoolMatchesOneProcessUnderEveryLauncher) {
   }
   // dew launch --slurm inside an allocation (the plugin gives the pool).
   const std::string out = dir / "launch.json";
-  std::vector<std::string> args = {"salloc", "-N2", "--ntasks-per-node=2", "--quiet", dew_exe(), "launch",
-                                   "--slurm", "--processes-per-host", "2", "--coordinator", "127.0.0.1", "--"};
+  std::vector<std::string> args = {"salloc",    "-N2",     "--ntasks-per-node=2",  "--quiet", dew_exe(),
+                                   "launch",    "--slurm", "--processes-per-host", "2",       "--coordinator",
+                                   "127.0.0.1", "--"};
   const auto worker = worker_args(out);
   args.insert(args.end(), worker.begin(), worker.end());
   auto r = cluster().command(args, {}, 120s);
@@ -127,11 +128,10 @@ TEST(WorkerSlurm, AStalledRankIsNamedByTheWatchdogAndByThePatience) {
   EXPECT_THAT(in_step.err, HasSubstr("[2] error: step 3: device 4 stalled outside any collective"));
   EXPECT_EQ(occurrences(in_step.err, "dew: rank 2 ended with exit code 124"), 1) << describe(in_step);
   EXPECT_EQ(occurrences(in_step.err, "] error: "), 1) << "only the stalled rank fails: " << describe(in_step);
-  auto before_agreement =
-      cluster().srun(srun_args(kDewPool, worker_args(dir / "y.json", {"--drill", "stall-before-checkpoint@1:2",
-                                                                      "--checkpoint-dir", dir / "ck",
-                                                                      "--checkpoint-every", "2"})),
-                     {{"DEW_AGREEMENT_PATIENCE_SECONDS", "2"}}, 60s);
+  auto before_agreement = cluster().srun(
+      srun_args(kDewPool, worker_args(dir / "y.json", {"--drill", "stall-before-checkpoint@1:2", "--checkpoint-dir",
+                                                       dir / "ck", "--checkpoint-every", "2"})),
+      {{"DEW_AGREEMENT_PATIENCE_SECONDS", "2"}}, 60s);
   EXPECT_NE(before_agreement.exit_code, 0) << describe(before_agreement);
   EXPECT_LT(before_agreement.seconds, 20.0);
   EXPECT_THAT(before_agreement.err,

@@ -11,7 +11,7 @@
 namespace dew::testing {
 
 struct RunResult {
-  int exit_code = -1;    // the code, or 128 + signal
+  int exit_code = -1;  // the code, or 128 + signal
   bool timed_out = false;
   std::string out;
   std::string err;

@@ -12,24 +12,24 @@ namespace dew::topology {
 enum class NvmlPeer { kGpu, kSwitch, kCpu, kUnknown };
 
 struct NvmlLinks {
-  std::string remote_bus_id;   // "0000:07:00.0"
+  std::string remote_bus_id;  // "0000:07:00.0"
   bool remote_is_nvidia = false;
   NvmlPeer kind = NvmlPeer::kUnknown;  // NVML's own word, where it has the call
-  int links = 0;               // active links to that remote device
+  int links = 0;                       // active links to that remote device
 };
 
 struct NvmlGpu {
   std::string pci_bus_id;
   std::string model;
-  int sm = 0;                  // compute capability x 10; 0: unknown
+  int sm = 0;  // compute capability x 10; 0: unknown
   std::vector<NvmlLinks> links;
-  std::string fabric;          // "<cluster uuid>/<clique id>" once registered; empty otherwise
-  std::string uuid;            // "GPU-5f1c2a3b-...", as CUDA_VISIBLE_DEVICES may name it; empty: unknown
+  std::string fabric;  // "<cluster uuid>/<clique id>" once registered; empty otherwise
+  std::string uuid;    // "GPU-5f1c2a3b-...", as CUDA_VISIBLE_DEVICES may name it; empty: unknown
 };
 
 struct NvmlReport {
   bool available = false;
-  std::string problem;         // why not, e.g. "libnvidia-ml.so.1: cannot open shared object file: ..."
+  std::string problem;  // why not, e.g. "libnvidia-ml.so.1: cannot open shared object file: ..."
   std::vector<NvmlGpu> gpus;
 };
 

@@ -27,25 +27,25 @@ enum class PathClass {
 };
 
 struct Gpu {
-  int index = 0;                     // 0..n-1 in PCI bus order (as CUDA_DEVICE_ORDER=PCI_BUS_ID)
-  std::string pci_bus_id;            // "0000:07:00.0"
-  std::string model;                 // "Tesla V100-SXM3-32GB"; empty when unknown
-  std::string uuid;                  // "GPU-5f1c2a3b-...": live NVML only; empty when unknown
-  std::optional<int> numa_node;      // nearest NUMA node
-  std::string cpu_affinity;          // nearby cores as a list, "0-11,24-35"; empty when unknown
+  int index = 0;                 // 0..n-1 in PCI bus order (as CUDA_DEVICE_ORDER=PCI_BUS_ID)
+  std::string pci_bus_id;        // "0000:07:00.0"
+  std::string model;             // "Tesla V100-SXM3-32GB"; empty when unknown
+  std::string uuid;              // "GPU-5f1c2a3b-...": live NVML only; empty when unknown
+  std::optional<int> numa_node;  // nearest NUMA node
+  std::string cpu_affinity;      // nearby cores as a list, "0-11,24-35"; empty when unknown
 };
 
 struct Topology {
-  std::string source;                // "hwloc XML v2 (nvidiaDGX2.xml)", "live: hwloc + NVML", ...
+  std::string source;  // "hwloc XML v2 (nvidiaDGX2.xml)", "live: hwloc + NVML", ...
   std::vector<Gpu> gpus;
   // n x n matrices over gpus, row-major: [i * n + j].
   std::vector<PathClass> path;
-  std::vector<int> nvlinks;          // bonded NVLink count between i and j (0: none)
+  std::vector<int> nvlinks;            // bonded NVLink count between i and j (0: none)
   std::vector<double> bandwidth_gbps;  // estimated GB/s between i and j, one way; 0 on the diagonal
                                        // (docs/design/topology.md has the table)
   int numa_nodes = 0;
-  std::string granule;               // NVLink fabric "<cluster uuid>/<clique>", else "host:<boot id>";
-                                     // files: "host:<name the file gives>", else "file:<file name>"
+  std::string granule;  // NVLink fabric "<cluster uuid>/<clique>", else "host:<boot id>";
+                        // files: "host:<name the file gives>", else "file:<file name>"
   // What the source could not tell, said once each, e.g. "no NVLink data:
   // PCIe/NUMA classes only".
   std::vector<std::string> notes;

@@ -47,7 +47,7 @@ namespace dew::train {
 
 struct ModelConfig {
   int vocab = 64;
-  int width = 32;    // model width W
+  int width = 32;  // model width W
   int layers = 2;
   int heads = 4;     // query heads H
   int kv_heads = 2;  // key/value heads K (H % K == 0)
@@ -62,10 +62,10 @@ enum class Dtype { kFloat32, kFloat64 };
 struct Drill {
   enum class Kind {
     kNone,
-    kLoaderThrows,          // its data loader throws (an uncaught exception)
-    kStallInStep,           // a device sleeps inside the step, outside collectives
-    kStallBeforeCheckpoint, // the process sleeps before the checkpoint's agreement
-    kCrashWhileSaving,      // SIGKILL halfway through writing its checkpoint shards
+    kLoaderThrows,           // its data loader throws (an uncaught exception)
+    kStallInStep,            // a device sleeps inside the step, outside collectives
+    kStallBeforeCheckpoint,  // the process sleeps before the checkpoint's agreement
+    kCrashWhileSaving,       // SIGKILL halfway through writing its checkpoint shards
   };
   Kind kind = Kind::kNone;
   int rank = 0;

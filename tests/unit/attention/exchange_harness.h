@@ -86,13 +86,14 @@ Whole<T> whole_run(const Case& c) {
   const Dims& d = c.dims;
   w.out.resize(bound.q.size());
   w.lse.resize(std::size_t(d.batch * d.heads * d.query_length));
-  if (!forward<T>(bound.inputs, w.out.data(), w.lse.data()).ok()) throw std::runtime_error("whole-sequence forward failed");
+  if (!forward<T>(bound.inputs, w.out.data(), w.lse.data()).ok())
+    throw std::runtime_error("whole-sequence forward failed");
   w.dq.resize(bound.q.size());
   w.dk.resize(bound.k.size());
   w.dv.resize(bound.v.size());
   w.ds.resize(c.sinks ? std::size_t(d.heads) : 0);
   if (!backward<T>(bound.inputs, w.out.data(), w.lse.data(), bound.d_out.data(),
-                  Gradients<T>{w.dq.data(), w.dk.data(), w.dv.data(), c.sinks ? w.ds.data() : nullptr})
+                   Gradients<T>{w.dq.data(), w.dk.data(), w.dv.data(), c.sinks ? w.ds.data() : nullptr})
            .ok()) {
     throw std::runtime_error("whole-sequence backward failed");
   }
@@ -213,7 +214,6 @@ double error_of(const std::vector<T>& got, const std::vector<T>& want) {
   return relative_error(got, std::vector<double>(want.begin(), want.end()));
 }
 
-
 // What differs from the whole-sequence result on the devices `ranks` (all
 // when empty), beyond `tolerance`: one line each; empty when all match.
 template <typename T>
@@ -246,7 +246,7 @@ std::vector<std::string> mismatches(const Case& c, const Whole<T>& whole, const 
 }
 
 inline Case make(int batch, int heads, int kv_heads, std::int64_t lq, std::int64_t lk, int head_dim, unsigned seed = 1,
-          bool sinks = false) {
+                 bool sinks = false) {
   Case c;
   c.dims = Dims{batch, heads, kv_heads, lq, lk, head_dim};
   c.sinks = sinks;
@@ -255,6 +255,5 @@ inline Case make(int batch, int heads, int kv_heads, std::int64_t lq, std::int64
   dew::attention::testing::fill(c, seed);
   return c;
 }
-
 
 }  // namespace dew::attention::testing

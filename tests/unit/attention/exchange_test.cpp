@@ -4,6 +4,8 @@
 // (fp64) relative. Plain multi-head; grouped with K = N, K < N, K > N; MQA;
 // H=12, K=4, N=3; causal, windows, documents across shard and chunk edges,
 // sinks, fully masked rows; N = 1 bit for bit; and the errors.
+#include "dew/exchange.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -14,7 +16,6 @@
 
 #include "dew/attention.h"
 #include "dew/comm.h"
-#include "dew/exchange.h"
 #include "exchange_harness.h"
 #include "reference.h"
 

@@ -21,17 +21,16 @@ using dew::attention::Dims;
 using dew::attention::forward;
 using dew::attention::Gradients;
 using dew::attention::Stats;
-using dew::attention::testing::documents;
 using dew::attention::Window;
 using dew::attention::testing::Bound;
 using dew::attention::testing::Case;
+using dew::attention::testing::documents;
 using dew::attention::testing::Grads;
 using dew::attention::testing::Outputs;
 using dew::attention::testing::reference_backward;
 using dew::attention::testing::reference_forward;
 using dew::attention::testing::relative_error;
 using ::testing::HasSubstr;
-
 
 template <typename T>
 struct KernelRun {
@@ -97,7 +96,6 @@ Case filled(Case c, unsigned seed = 1) {
   dew::attention::testing::fill(c, seed);
   return c;
 }
-
 
 // ---------------------------------------------------------------------------
 // The reference against central finite differences of sum(out o d_out).
@@ -407,8 +405,7 @@ TEST(AttentionValidationTest, Dimensions) {
   EXPECT_THAT(forward_error([](Bound<float>& b) { b.inputs.dims.heads = -2; }), HasSubstr("heads -2"));
   EXPECT_THAT(forward_error([](Bound<float>& b) { b.inputs.dims.batch = 0; }), HasSubstr("batch 0"));
   EXPECT_THAT(forward_error([](Bound<float>& b) { b.inputs.dims.head_dim = 0; }), HasSubstr("head_dim 0"));
-  EXPECT_THAT(forward_error([](Bound<float>& b) { b.inputs.dims.query_length = -1; }),
-              HasSubstr("query_length -1"));
+  EXPECT_THAT(forward_error([](Bound<float>& b) { b.inputs.dims.query_length = -1; }), HasSubstr("query_length -1"));
   EXPECT_THAT(forward_error([](Bound<float>& b) { b.inputs.query_block = 0; }), HasSubstr("query_block 0"));
   EXPECT_THAT(forward_error([](Bound<float>& b) { b.inputs.key_block = -3; }), HasSubstr("key_block -3"));
   EXPECT_THAT(forward_error([](Bound<float>& b) { b.inputs.scale = -1; }), HasSubstr("scale -1"));
@@ -416,11 +413,17 @@ TEST(AttentionValidationTest, Dimensions) {
 }
 
 TEST(AttentionValidationTest, Window) {
-  EXPECT_THAT(forward_error([](Bound<float>& b) { b.inputs.mask.window = Window{-1, 0}; }),
+  EXPECT_THAT(forward_error([](Bound<float>& b) {
+                b.inputs.mask.window = Window{-1, 0};
+              }),
               HasSubstr("window left -1 is not allowed"));
-  EXPECT_THAT(forward_error([](Bound<float>& b) { b.inputs.mask.window = Window{2, -5}; }),
+  EXPECT_THAT(forward_error([](Bound<float>& b) {
+                b.inputs.mask.window = Window{2, -5};
+              }),
               HasSubstr("window right -5 is not allowed"));
-  EXPECT_THAT(forward_error([](Bound<float>& b) { b.inputs.mask.window = Window{std::int64_t{1} << 41, 0}; }),
+  EXPECT_THAT(forward_error([](Bound<float>& b) {
+                b.inputs.mask.window = Window{std::int64_t{1} << 41, 0};
+              }),
               HasSubstr("window left 2199023255552"));
 }
 

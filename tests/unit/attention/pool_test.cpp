@@ -19,7 +19,6 @@ using dew::testing::Spawned;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-
 class AttentionPool : public ::testing::TestWithParam<std::pair<int, int>> {};
 
 TEST_P(AttentionPool, BothExchangesMatchWholeSequenceAttention) {
@@ -29,13 +28,13 @@ TEST_P(AttentionPool, BothExchangesMatchWholeSequenceAttention) {
   const std::string port = std::to_string(dew::testing::free_loopback_port());
   std::vector<std::unique_ptr<Spawned>> ranks;
   for (int rank = 0; rank < processes; ++rank) {
-    ranks.push_back(std::make_unique<Spawned>(
-        std::vector<std::string>{worker, std::to_string(devices)},
-        std::map<std::string, std::string>{{"DEW_PROCESS_ID", std::to_string(rank)},
-                                           {"DEW_PROCESS_COUNT", std::to_string(processes)},
-                                           {"DEW_COORDINATOR_ADDRESS", "127.0.0.1:" + port},
-                                           {"DEW_POOL_SECRET", std::string(64, 'e')},
-                                           {"OPENBLAS_NUM_THREADS", "1"}}));
+    ranks.push_back(
+        std::make_unique<Spawned>(std::vector<std::string>{worker, std::to_string(devices)},
+                                  std::map<std::string, std::string>{{"DEW_PROCESS_ID", std::to_string(rank)},
+                                                                     {"DEW_PROCESS_COUNT", std::to_string(processes)},
+                                                                     {"DEW_COORDINATOR_ADDRESS", "127.0.0.1:" + port},
+                                                                     {"DEW_POOL_SECRET", std::string(64, 'e')},
+                                                                     {"OPENBLAS_NUM_THREADS", "1"}}));
   }
   const int n = processes * devices;
   for (int rank = 0; rank < processes; ++rank) {
@@ -62,13 +61,13 @@ TEST(AttentionPoolFailure, AKilledProcessEndsItsPeersMidExchange) {
   const std::string port = std::to_string(dew::testing::free_loopback_port());
   std::vector<std::unique_ptr<Spawned>> ranks;
   for (int rank = 0; rank < 3; ++rank) {
-    ranks.push_back(std::make_unique<Spawned>(
-        std::vector<std::string>{worker, "2", "stall", "1"},
-        std::map<std::string, std::string>{{"DEW_PROCESS_ID", std::to_string(rank)},
-                                           {"DEW_PROCESS_COUNT", "3"},
-                                           {"DEW_COORDINATOR_ADDRESS", "127.0.0.1:" + port},
-                                           {"DEW_POOL_SECRET", std::string(64, 'e')},
-                                           {"OPENBLAS_NUM_THREADS", "1"}}));
+    ranks.push_back(
+        std::make_unique<Spawned>(std::vector<std::string>{worker, "2", "stall", "1"},
+                                  std::map<std::string, std::string>{{"DEW_PROCESS_ID", std::to_string(rank)},
+                                                                     {"DEW_PROCESS_COUNT", "3"},
+                                                                     {"DEW_COORDINATOR_ADDRESS", "127.0.0.1:" + port},
+                                                                     {"DEW_POOL_SECRET", std::string(64, 'e')},
+                                                                     {"OPENBLAS_NUM_THREADS", "1"}}));
   }
   auto describe = [&ranks] {
     std::string text;

@@ -20,9 +20,9 @@
 #include <thread>
 
 #include "dew/axes.h"
-#include "exchange_harness.h"
 #include "dew/mesh.h"
 #include "dew/pool.h"
+#include "exchange_harness.h"
 
 namespace {
 
@@ -73,8 +73,7 @@ std::vector<std::string> run_group(dew::runtime::Pool& pool, const dew::mesh::Me
                                    const std::vector<int>& local_devices, double tolerance) {
   std::vector<int> ranks;  // this process's devices' ranks in the group
   for (int r = 0; r < member.size; ++r)
-    if (std::count(local_devices.begin(), local_devices.end(), member.devices[std::size_t(r)]) > 0)
-      ranks.push_back(r);
+    if (std::count(local_devices.begin(), local_devices.end(), member.devices[std::size_t(r)]) > 0) ranks.push_back(r);
   const Connect connect = [&](int rank) {
     return make_axis_communicator(pool, mesh, dew::mesh::Axis::kSequence, member.devices[std::size_t(rank)]);
   };
@@ -86,8 +85,8 @@ std::vector<std::string> run_group(dew::runtime::Pool& pool, const dew::mesh::Me
 }
 
 dew::mesh::Mesh mesh_for(const std::string& spec, int processes, int per_process) {
-  auto built = dew::mesh::build_mesh(dew::mesh::parse_mesh_spec(spec).value(),
-                                     dew::mesh::cpu_pool(processes, per_process));
+  auto built =
+      dew::mesh::build_mesh(dew::mesh::parse_mesh_spec(spec).value(), dew::mesh::cpu_pool(processes, per_process));
   if (!built.ok()) throw std::runtime_error(built.error().message);
   return built.value();
 }
@@ -126,8 +125,7 @@ int main(int argc, char** argv) {
       }
       ++round;
       const std::string what = named.name + " " + std::string(exchange_name(exchange));
-      report(what + " fp32",
-             run_group<float>(pool, sequence_mesh, named.c, exchange, named.layout, group, mine, 1e-5));
+      report(what + " fp32", run_group<float>(pool, sequence_mesh, named.c, exchange, named.layout, group, mine, 1e-5));
       report(what + " fp64",
              run_group<double>(pool, sequence_mesh, named.c, exchange, named.layout, group, mine, 1e-12));
     }
@@ -167,6 +165,7 @@ int main(int argc, char** argv) {
   }
 
   pool.agree("attention-done");
-  if (all_ok) std::cout << "ALL OK: " << n << " devices (" << pool.size() << " processes x " << per_process << ")" << std::endl;
+  if (all_ok)
+    std::cout << "ALL OK: " << n << " devices (" << pool.size() << " processes x " << per_process << ")" << std::endl;
   return all_ok ? 0 : 1;
 }

@@ -20,10 +20,10 @@ struct Case {
   Dims dims;
   bool causal = false;
   std::optional<Window> window;
-  std::vector<std::int32_t> query_segments, key_segments;  // batch x length, or empty
+  std::vector<std::int32_t> query_segments, key_segments;    // batch x length, or empty
   std::vector<std::int64_t> query_positions, key_positions;  // or empty: 0..n-1
   std::int64_t whole_query_length = -1, whole_key_length = -1;
-  bool bias = false;        // dense bias batch x heads x lq x lk
+  bool bias = false;  // dense bias batch x heads x lq x lk
   bool sinks = false;
   double scale = 0;
   int query_block = 16;
@@ -65,9 +65,8 @@ inline bool ref_allowed(const Case& c, int batch, std::int64_t i, std::int64_t j
   const std::int64_t aligned = qp + wk - wq;
   if (c.causal && kp > aligned) return false;
   if (c.window && (kp < aligned - c.window->left || kp > aligned + c.window->right)) return false;
-  if (!c.query_segments.empty() &&
-      c.query_segments[std::size_t(batch * c.dims.query_length + i)] !=
-          c.key_segments[std::size_t(batch * c.dims.key_length + j)])
+  if (!c.query_segments.empty() && c.query_segments[std::size_t(batch * c.dims.query_length + i)] !=
+                                       c.key_segments[std::size_t(batch * c.dims.key_length + j)])
     return false;
   return true;
 }
@@ -102,8 +101,8 @@ inline Outputs reference_forward(const Case& c) {
           const double* k = &c.k[std::size_t(((std::int64_t(b) * d.kv_heads + g) * lk + j) * hd)];
           double dot = 0;
           for (std::int64_t e = 0; e < hd; ++e) dot += q[e] * k[e];
-          x[std::size_t(j)] = scale * dot +
-                              (c.bias ? c.b[std::size_t(((std::int64_t(b) * d.heads + h) * lq + i) * lk + j)] : 0.0);
+          x[std::size_t(j)] =
+              scale * dot + (c.bias ? c.b[std::size_t(((std::int64_t(b) * d.heads + h) * lq + i) * lk + j)] : 0.0);
           m = std::max(m, x[std::size_t(j)]);
         }
         double* o = &r.out[std::size_t(((std::int64_t(b) * d.heads + h) * lq + i) * hd)];

@@ -8,6 +8,7 @@
 
 namespace {
 
+using dew::ErrorCode;
 using dew::attention::Call;
 using dew::attention::choose_exchange;
 using dew::attention::Exchange;
@@ -17,10 +18,8 @@ using dew::attention::MaskSpec;
 using dew::attention::parse_mask_kind;
 using dew::attention::Plan;
 using ::testing::HasSubstr;
-using dew::ErrorCode;
 
-Call call(int heads, int kv_heads, std::int64_t length, int sequence, MaskKind mask = MaskKind::kNone,
-          int tensor = 1) {
+Call call(int heads, int kv_heads, std::int64_t length, int sequence, MaskKind mask = MaskKind::kNone, int tensor = 1) {
   Call c;
   c.heads = heads;
   c.kv_heads = kv_heads;
@@ -264,9 +263,10 @@ TEST(MaskKindTest, ParsesEveryForm) {
 TEST(MaskKindTest, RefusesEverythingElse) {
   for (const char* text : {"", "Causal", "window", "window=", "window=a", "window=5,", "window=,5", "window=-1",
                            "window=1,2,3", "window=1099511627777", "window=99999999999999", "causal ", "bias"}) {
-    EXPECT_EQ(dew::testing::invalid_argument_of(parse_mask_kind(text)), "mask: '" + std::string(text) +
-                                     "' is not allowed; allowed: none, causal, documents, window=W (W positions "
-                                     "back) or window=LEFT,RIGHT (whole numbers up to 2^40)");
+    EXPECT_EQ(dew::testing::invalid_argument_of(parse_mask_kind(text)),
+              "mask: '" + std::string(text) +
+                  "' is not allowed; allowed: none, causal, documents, window=W (W positions "
+                  "back) or window=LEFT,RIGHT (whole numbers up to 2^40)");
   }
 }
 

@@ -1,24 +1,24 @@
 // Communicators for mesh axis groups (dew/comm.h): which group and
 // rank a device has on an axis, the address a process listens on, and real
 // Gloo groups made from a one-process pool and a mesh, twice in a row.
-#include "dew/axes.h"
-#include "expect_error.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <thread>
 
+#include "dew/axes.h"
+#include "expect_error.h"
+
 namespace {
 
+using dew::error_code_name;
+using dew::ErrorCode;
 using dew::axes::axis_member;
 using dew::axes::make_axis_communicator;
 using dew::axes::reachable_address;
 using dew::mesh::Axis;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using dew::ErrorCode;
-using dew::error_code_name;
 
 dew::mesh::Mesh mesh_of(int processes, int devices_per_process, const std::string& spec) {
   auto parsed = dew::mesh::parse_mesh_spec(spec);
@@ -39,7 +39,8 @@ TEST(AxisMember, TensorTimesSequenceGroups) {
     EXPECT_EQ(sequence.value().group, device / 2);
     EXPECT_EQ(sequence.value().rank, device % 2);
     EXPECT_EQ(sequence.value().size, 2);
-    EXPECT_THAT(sequence.value().prefix, ::testing::StartsWith("dew/comm/sequence/" + std::to_string(device / 2) + "-"));
+    EXPECT_THAT(sequence.value().prefix,
+                ::testing::StartsWith("dew/comm/sequence/" + std::to_string(device / 2) + "-"));
     auto tensor = axis_member(mesh, Axis::kTensor, device);
     ASSERT_TRUE(tensor.ok()) << tensor.error().message;
     EXPECT_EQ(tensor.value().group, device % 2);

@@ -1,10 +1,11 @@
 // The pool's topology, pure parts: which GPUs a process owns, its part on
 // the wire, and the graph of several hosts (mesh::hosts_graph) with a
 // granule per host, replicas across hosts, and the mixes refused.
+#include "dew/pool_topology.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "dew/pool_topology.h"
 #include "topology_fixtures.h"
 
 namespace dew::axes {
@@ -53,7 +54,8 @@ TEST(PoolTopology, UuidsAreResolvedOnTheHostAndUnknownOnesRefused) {
   f.visible_devices = "GPU-5f1c2a3b-1111-2222-3333-444455556666";
   auto unknown = local_part(box, f);
   ASSERT_FALSE(unknown.ok()) << "a file lists no UUIDs";
-  EXPECT_THAT(unknown.error().message, HasSubstr("'GPU-5f1c2a3b-1111-2222-3333-444455556666' is not the UUID of a GPU"));
+  EXPECT_THAT(unknown.error().message,
+              HasSubstr("'GPU-5f1c2a3b-1111-2222-3333-444455556666' is not the UUID of a GPU"));
   for (std::size_t g = 0; g < box.gpus.size(); ++g) box.gpus[g].uuid = "GPU-000" + std::to_string(g) + "-x";
   f.visible_devices = "GPU-0003-x,GPU-0001";
   auto resolved = local_part(box, f);
@@ -95,8 +97,9 @@ TEST(PoolTopology, APartRoundTripsAndABrokenOneIsRefused) {
   EXPECT_EQ(back.value().bandwidth, part.value().bandwidth);
   EXPECT_EQ(back.value().gpus, part.value().gpus);
   EXPECT_EQ(back.value().host, "x");
-  for (const char* bad : {"", "{}", "[1]", "{\"process\": 0, \"host\": \"h\", \"host_name\": \"h\", \"granule\": \"g\", "
-                                         "\"host_gpus\": 2, \"bandwidth\": [1], \"gpus\": [0]}"}) {
+  for (const char* bad : {"", "{}", "[1]",
+                          "{\"process\": 0, \"host\": \"h\", \"host_name\": \"h\", \"granule\": \"g\", "
+                          "\"host_gpus\": 2, \"bandwidth\": [1], \"gpus\": [0]}"}) {
     EXPECT_FALSE(decode_part(bad).ok()) << bad;
   }
 }
@@ -127,8 +130,8 @@ TEST(PoolTopology, TwoHostsTwoProcessesEachGiveAHybridMesh) {
 
 TEST(PoolTopology, MixesThatCannotFormGranulesAreRefusedWithTheNumbers) {
   const auto four = host("rtx3090-4gpu.nvidia-smi-topo.txt"), eight = host("dgx1v.nccl-topo.xml");
-  auto mixed = mesh::hosts_graph({local_part(four, facts(0, 0, 1, "n1")).value(),
-                                  local_part(eight, facts(1, 0, 1, "n2")).value()});
+  auto mixed = mesh::hosts_graph(
+      {local_part(four, facts(0, 0, 1, "n1")).value(), local_part(eight, facts(1, 0, 1, "n2")).value()});
   ASSERT_FALSE(mixed.ok());
   EXPECT_THAT(mixed.error().message,
               HasSubstr("host node-n2 has 8 GPUs and node-n1 has 4; allowed: hosts with the same GPU count"));

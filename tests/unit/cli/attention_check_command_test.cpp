@@ -53,17 +53,17 @@ TEST(AttentionCheckCommandTest, TwoDevicesCausalBothExchangesMatch) {
 
 TEST(AttentionCheckCommandTest, ErrorsAboveTheToleranceFailTheCheck) {
   // fp32 against fp64 differs by about 1e-7: a tolerance of 1e-12 must fail.
-  const auto r = check({"--devices-per-process", "2", "--heads", "4", "--kv-heads", "2", "--length", "64",
-                        "--head-dim", "16", "--runs", "1", "--tolerance", "1e-12"});
+  const auto r = check({"--devices-per-process", "2", "--heads", "4", "--kv-heads", "2", "--length", "64", "--head-dim",
+                        "16", "--runs", "1", "--tolerance", "1e-12"});
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("TOO LARGE"));
   EXPECT_THAT(r.out, HasSubstr("result: FAILED"));
 }
 
 TEST(AttentionCheckCommandTest, TensorTimesSequenceWithDocuments) {
-  const auto r = check({"--devices-per-process", "4", "--mesh", "tensor=2,sequence=2", "--heads", "8", "--kv-heads",
-                        "2", "--length", "192", "--head-dim", "16", "--mask", "documents", "--batch", "2", "--runs",
-                        "1"});
+  const auto r =
+      check({"--devices-per-process", "4", "--mesh", "tensor=2,sequence=2", "--heads", "8", "--kv-heads", "2",
+             "--length", "192", "--head-dim", "16", "--mask", "documents", "--batch", "2", "--runs", "1"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("4 devices (1 process x 4), mesh tensor=2,sequence=2; batch 2, heads 8/2"));
   expect_rows(r.out, {"all-to-all", "gather"});
@@ -79,8 +79,8 @@ TEST(AttentionCheckCommandTest, AnExchangeThatCannotRunIsSkippedWithItsReason) {
   expect_rows(r.out, {"gather"});
   EXPECT_THAT(r.out, Not(HasSubstr("faster here")));
 
-  const auto only = check({"--devices-per-process", "4", "--heads", "6", "--kv-heads", "6", "--length", "128",
-                           "--exchange", "all-to-all"});
+  const auto only = check(
+      {"--devices-per-process", "4", "--heads", "6", "--kv-heads", "6", "--length", "128", "--exchange", "all-to-all"});
   EXPECT_EQ(only.exit_code, 1);
   // A process of a pool (here a pool of one) writes its lines as "[rank] ".
   EXPECT_EQ(only.err.substr(only.err.find("[0] all-to-all")),

@@ -46,8 +46,8 @@ TEST(AttentionPlanCommandTest, CausalOnDewsCpuKernelGoesByBytes) {
 }
 
 TEST(AttentionPlanCommandTest, CrossAttentionGathers) {
-  const auto r = plan({"--heads", "16", "--kv-heads", "16", "--length", "4096", "--kv-length", "77", "--sequence",
-                       "2", "--mask", "window=64,8"});
+  const auto r = plan({"--heads", "16", "--kv-heads", "16", "--length", "4096", "--kv-length", "77", "--sequence", "2",
+                       "--mask", "window=64,8"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("exchange  gather\n"));
   EXPECT_THAT(r.out, HasSubstr("  all-to-all  cannot run: the key length 77 does not divide by sequence 2\n"));

@@ -5,22 +5,20 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
-#include "process.h"
-#include "test_paths.h"
 #include "dew/nvml.h"
 #include "dew/topology.h"
+#include "process.h"
+#include "test_paths.h"
 
 namespace dew::topology {
 namespace {
 
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
-
 
 testing::RunResult topo(std::vector<std::string> args) {
   args.insert(args.begin(), {dew::testing::dew_exe(), "topo"});
@@ -51,9 +49,9 @@ TEST(TopoCommand, NotesAndAffinityArePrinted) {
 }
 
 TEST(TopoCommand, ItsOwnOutputReadsBackAsNvidiaSmiText) {
-  for (const char* name : {"nvidiaDGX2.xml", "power8gpudistances.xml", "32em64t-2n8c2t-pci-wholeio.xml",
-                           "aws-p4d-24xl.hwloc.xml", "dgx1v.nccl-topo.xml", "pcie-workstation.nccl-topo.xml",
-                           "rtx3090-4gpu.nvidia-smi-topo.txt"}) {
+  for (const char* name :
+       {"nvidiaDGX2.xml", "power8gpudistances.xml", "32em64t-2n8c2t-pci-wholeio.xml", "aws-p4d-24xl.hwloc.xml",
+        "dgx1v.nccl-topo.xml", "pcie-workstation.nccl-topo.xml", "rtx3090-4gpu.nvidia-smi-topo.txt"}) {
     SCOPED_TRACE(name);
     auto result = topo({"--topology", dew::testing::topology_fixture(name)});
     ASSERT_EQ(result.exit_code, 0) << result.err;
@@ -128,9 +126,9 @@ TEST(TopoCommand, ACorruptFileIsOneLineNamingTheFile) {
 }
 
 TEST(TopoCommand, ABadLogLevelIsAUsageErrorNamingTheAllowedValues) {
-  auto result = dew::testing::run({dew::testing::dew_exe(), "topo", "--topology",
-                                   dew::testing::topology_fixture("dgx1v.nccl-topo.xml")},
-                                  {{"DEW_LOG_LEVEL", "verbose"}});
+  auto result = dew::testing::run(
+      {dew::testing::dew_exe(), "topo", "--topology", dew::testing::topology_fixture("dgx1v.nccl-topo.xml")},
+      {{"DEW_LOG_LEVEL", "verbose"}});
   EXPECT_EQ(result.exit_code, 2);
   EXPECT_EQ(result.out, "");
   EXPECT_EQ(result.err,

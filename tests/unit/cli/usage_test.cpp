@@ -24,13 +24,14 @@ RunResult dew(std::vector<std::string> args, std::map<std::string, std::string> 
 TEST(Usage, AnUnknownCommandIsNamedWithTheAllowedOnes) {
   auto r = dew({"bogus"});
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_EQ(r.err, "dew: 'bogus' is not a dew command; allowed: topo, mesh, env, attention-plan, attention-check, "
-                   "launch, worker, layout-parity (dew --help lists them)\n");
+  EXPECT_EQ(r.err,
+            "dew: 'bogus' is not a dew command; allowed: topo, mesh, env, attention-plan, attention-check, "
+            "launch, worker, layout-parity (dew --help lists them)\n");
 }
 
 TEST(Usage, ALaunchWithNothingAfterTheSeparatorSaysSo) {
-  for (const std::vector<std::string>& args : {std::vector<std::string>{"launch", "--"},
-                                              std::vector<std::string>{"launch", "--hosts", "a", "b", "--"}}) {
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"launch", "--"}, std::vector<std::string>{"launch", "--hosts", "a", "b", "--"}}) {
     auto r = dew(args);
     EXPECT_EQ(r.exit_code, 2);
     EXPECT_THAT(r.err, HasSubstr("dew launch: no command: give it after --")) << r.err;

@@ -118,8 +118,8 @@ inline void check_broadcast(Communicator& comm, int n) {
   auto refused = comm.broadcast<int>(data, n);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.error().code, ErrorCode::kInvalidArgument);
-  EXPECT_EQ(refused.error().message,
-            "broadcast: root " + std::to_string(n) + " is not allowed; allowed: a rank from 0 to " + std::to_string(n - 1));
+  EXPECT_EQ(refused.error().message, "broadcast: root " + std::to_string(n) +
+                                         " is not allowed; allowed: a rank from 0 to " + std::to_string(n - 1));
 }
 
 // Twenty all-to-alls and barriers in a row, each larger than the last (a

@@ -3,7 +3,6 @@
 // collective for groups of 1, 2, 3 and 4, and its errors.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
@@ -11,10 +10,10 @@
 
 #include <chrono>
 #include <csignal>
-#include <functional>
-#include <set>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,12 +25,12 @@
 
 namespace {
 
+using dew::error_code_name;
+using dew::ErrorCode;
 using dew::comm::Communicator;
 using dew::comm::GlooOptions;
 using dew::comm::KeyValue;
 using ::testing::HasSubstr;
-using dew::ErrorCode;
-using dew::error_code_name;
 using namespace dew::comm::testing;
 
 // Runs body(communicator) on `size` threads, one Gloo rank each.

@@ -4,6 +4,8 @@
 // as far as there are GPUs, and its errors. Without a GPU the collective
 // tests skip with cudaGetDeviceCount's reason; the option checks and the
 // one-line errors of a machine without a GPU still run.
+#include "dew/nccl.h"
+
 #include <cuda_runtime_api.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -15,17 +17,16 @@
 
 #include "collective_checks.h"
 #include "dew/axes.h"
-#include "dew/nccl.h"
 #include "expect_error.h"
 
 namespace {
 
+using dew::error_code_name;
+using dew::ErrorCode;
 using dew::comm::Communicator;
 using dew::comm::KeyValue;
 using dew::comm::NcclOptions;
 using ::testing::HasSubstr;
-using dew::ErrorCode;
-using dew::error_code_name;
 using namespace dew::comm::testing;
 
 // The number of GPUs, or 0 with cudaGetDeviceCount's reason in *why.
@@ -41,14 +42,14 @@ int gpus(std::string* why) {
 }
 
 // Skips the test unless there are `size` GPUs, printing why.
-#define NEED_GPUS(size)                                                                                    \
-  do {                                                                                                     \
-    std::string why_;                                                                                      \
-    const int have_ = gpus(&why_);                                                                         \
-    if (have_ == 0) GTEST_SKIP() << why_;                                                                  \
-    if (have_ < (size))                                                                                    \
-      GTEST_SKIP() << (size) << " ranks need " << (size) << " GPUs (one rank per GPU in an NCCL "          \
-                   << "communicator); this machine has " << have_;                                         \
+#define NEED_GPUS(size)                                                                           \
+  do {                                                                                            \
+    std::string why_;                                                                             \
+    const int have_ = gpus(&why_);                                                                \
+    if (have_ == 0) GTEST_SKIP() << why_;                                                         \
+    if (have_ < (size))                                                                           \
+      GTEST_SKIP() << (size) << " ranks need " << (size) << " GPUs (one rank per GPU in an NCCL " \
+                   << "communicator); this machine has " << have_;                                \
   } while (0)
 
 // Runs body(communicator) on `size` threads, rank r on GPU r.
@@ -122,13 +123,16 @@ TEST(NcclCommunicatorErrorsTest, BadOptions) {
             "nccl: rank 2 of 2 is not allowed; allowed: 0 <= rank < size, size >= 1");
   options.rank = 0;
   options.device = -1;
-  EXPECT_EQ(dew::testing::invalid_argument_of(dew::comm::make_nccl_communicator(options)), "nccl: rank 0 of 2: device -1 is not allowed; allowed: 0 or more");
+  EXPECT_EQ(dew::testing::invalid_argument_of(dew::comm::make_nccl_communicator(options)),
+            "nccl: rank 0 of 2: device -1 is not allowed; allowed: 0 or more");
   options.device = 0;
   options.timeout = std::chrono::milliseconds(0);
-  EXPECT_EQ(dew::testing::invalid_argument_of(dew::comm::make_nccl_communicator(options)), "nccl: timeout 0 ms is not allowed; allowed: more than 0 ms");
+  EXPECT_EQ(dew::testing::invalid_argument_of(dew::comm::make_nccl_communicator(options)),
+            "nccl: timeout 0 ms is not allowed; allowed: more than 0 ms");
   options.timeout = std::chrono::seconds(1);
   options.store.get = nullptr;
-  EXPECT_EQ(dew::testing::invalid_argument_of(dew::comm::make_nccl_communicator(options)), "nccl: the key-value store needs both put and get");
+  EXPECT_EQ(dew::testing::invalid_argument_of(dew::comm::make_nccl_communicator(options)),
+            "nccl: the key-value store needs both put and get");
 }
 
 TEST(NcclCommunicatorErrorsTest, RankZeroNeverComes) {
@@ -180,8 +184,8 @@ TEST(NcclFromTheMesh, AxisRendezvousFeedsMakeNcclCommunicator) {
   std::vector<std::thread> threads;
   for (int device = 0; device < 2; ++device) {
     threads.emplace_back([&, device] {
-      auto r = dew::axes::axis_rendezvous(pool, built.value(), dew::mesh::Axis::kSequence, device,
-                                               std::chrono::seconds(10));
+      auto r =
+          dew::axes::axis_rendezvous(pool, built.value(), dew::mesh::Axis::kSequence, device, std::chrono::seconds(10));
       if (!r.ok()) {
         errors[std::size_t(device)] = r.error().message;
         return;
@@ -190,10 +194,10 @@ TEST(NcclFromTheMesh, AxisRendezvousFeedsMakeNcclCommunicator) {
       EXPECT_EQ(r.value().member.size, 2);
       if (have < 2) return;  // nothing to join NCCL on
       auto comm = dew::comm::make_nccl_communicator({.rank = r.value().member.rank,
-                                                          .size = r.value().member.size,
-                                                          .device = device,
-                                                          .store = r.value().store,
-                                                          .prefix = r.value().prefix});
+                                                     .size = r.value().member.size,
+                                                     .device = device,
+                                                     .store = r.value().store,
+                                                     .prefix = r.value().prefix});
       if (!comm.ok()) {
         errors[std::size_t(device)] = comm.error().message;
         return;

@@ -1,5 +1,7 @@
 // write_file_atomically: the whole new content or the old one, no
 // temporary left behind, and an error naming the file.
+#include "dew/atomic_file.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -7,8 +9,6 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-
-#include "dew/atomic_file.h"
 
 namespace dew {
 namespace {

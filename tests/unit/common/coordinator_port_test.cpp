@@ -1,8 +1,8 @@
+#include "dew/coordinator_port.h"
+
 #include <gtest/gtest.h>
 
 #include <set>
-
-#include "dew/coordinator_port.h"
 
 namespace dew {
 namespace {

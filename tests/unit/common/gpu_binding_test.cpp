@@ -1,7 +1,8 @@
+#include "dew/gpu_binding.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "dew/gpu_binding.h"
 #include "expect_error.h"
 
 namespace dew {
@@ -24,8 +25,7 @@ TEST(BindGpus, SplitsIndicesByLocalTask) {
   for (unsigned task = 0; task < 4; ++task) {
     auto binding = bind_gpus(input("0,1,2,3,4,5,6,7", task, 4, 2));
     ASSERT_TRUE(binding.ok());
-    EXPECT_EQ(binding.value().visible_devices,
-              std::to_string(2 * task) + "," + std::to_string(2 * task + 1));
+    EXPECT_EQ(binding.value().visible_devices, std::to_string(2 * task) + "," + std::to_string(2 * task + 1));
     EXPECT_EQ(binding.value().local_device_ids, "0,1");
   }
 }

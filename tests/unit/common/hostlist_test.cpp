@@ -1,7 +1,8 @@
+#include "dew/hostlist.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "dew/hostlist.h"
 #include "expect_error.h"
 
 namespace dew {
@@ -22,9 +23,7 @@ std::string error_of(std::string_view list, std::size_t max_hosts = 1u << 16) {
 
 TEST(Hostlist, SingleHost) { EXPECT_THAT(expand("node0"), ElementsAre("node0")); }
 
-TEST(Hostlist, RangesAndSingles) {
-  EXPECT_THAT(expand("n[1-3,7]"), ElementsAre("n1", "n2", "n3", "n7"));
-}
+TEST(Hostlist, RangesAndSingles) { EXPECT_THAT(expand("n[1-3,7]"), ElementsAre("n1", "n2", "n3", "n7")); }
 
 TEST(Hostlist, ZeroPaddedRange) {
   EXPECT_THAT(expand("gpu[08-11]"), ElementsAre("gpu08", "gpu09", "gpu10", "gpu11"));
@@ -40,13 +39,10 @@ TEST(Hostlist, SeveralBracketGroupsFirstVariesSlowest) {
 
 TEST(Hostlist, CommaListsMixedWithRanges) {
   EXPECT_THAT(expand("a,b[1-2],c"), ElementsAre("a", "b1", "b2", "c"));
-  EXPECT_THAT(expand("login1,n[3-4,6],gpu[01-02]"),
-              ElementsAre("login1", "n3", "n4", "n6", "gpu01", "gpu02"));
+  EXPECT_THAT(expand("login1,n[3-4,6],gpu[01-02]"), ElementsAre("login1", "n3", "n4", "n6", "gpu01", "gpu02"));
 }
 
-TEST(Hostlist, SuffixAfterBrackets) {
-  EXPECT_THAT(expand("n[1-2].cluster"), ElementsAre("n1.cluster", "n2.cluster"));
-}
+TEST(Hostlist, SuffixAfterBrackets) { EXPECT_THAT(expand("n[1-2].cluster"), ElementsAre("n1.cluster", "n2.cluster")); }
 
 TEST(Hostlist, Errors) {
   EXPECT_THAT(error_of(""), HasSubstr("empty"));

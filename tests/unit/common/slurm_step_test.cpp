@@ -1,9 +1,10 @@
 // The Slurm-step rules (dew/slurm_step.h): whose rank, rank 0's node, tasks
 // on a node.
+#include "dew/slurm_step.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "dew/slurm_step.h"
 #include "expect_error.h"
 
 namespace {
@@ -37,8 +38,8 @@ TEST(RankSource, FollowsThePoolsPrecedence) {
 }
 
 TEST(Rank0Node, TheFirstNodeForDistributionsThatSaySo) {
-  for (const char* dist : {"", "block", "cyclic", "plane", "plane=4", "block:cyclic", "cyclic:block:fcyclic",
-                           "block,Pack", "*:*"}) {
+  for (const char* dist :
+       {"", "block", "cyclic", "plane", "plane=4", "block:cyclic", "cyclic:block:fcyclic", "block,Pack", "*:*"}) {
     auto node = dew::rank0_node(std::string("gpu[07-08]"), std::string(dist));
     ASSERT_TRUE(node.ok()) << dist << ": " << node.error().message;
     EXPECT_EQ(node.value(), "gpu07") << dist;

@@ -71,8 +71,8 @@ TEST(Text, CountsTakeTheirNounsNumber) {
 TEST(Text, APoolSecretIs64HexDigits) {
   EXPECT_TRUE(is_pool_secret(std::string(64, 'a')));
   EXPECT_TRUE(is_pool_secret("5f0c3a0e8d2b4f6a9c1e7d3b5a8f2c4e6b9d1a3c5e7f9b2d4a6c8e0f1a3b5C7D"));
-  for (const std::string& bad : {std::string("abc"), std::string(63, 'a'), std::string(65, 'a'),
-                                std::string(63, 'a') + "g", std::string()}) {
+  for (const std::string& bad :
+       {std::string("abc"), std::string(63, 'a'), std::string(65, 'a'), std::string(63, 'a') + "g", std::string()}) {
     EXPECT_FALSE(is_pool_secret(bad)) << bad;
   }
 }

@@ -59,9 +59,9 @@ TEST(Output, APeersLineNamesTheProcessThatFailed) {
   ASSERT_TRUE(blame);
   EXPECT_EQ(blame->rank, 1);
   EXPECT_EQ(blame->why, "ended with exit code 3; ending step 7.0 (kill-on-bad-exit)");
-  for (const char* other : {"the user printed ending: process 1 failed: x", "ending: process x failed: y",
-                            "ending: process 1 failed", "ending: process 99999999999 failed: y",
-                            "slurmstepd-n1: error: dew: rank 1 is fine", ""}) {
+  for (const char* other :
+       {"the user printed ending: process 1 failed: x", "ending: process x failed: y", "ending: process 1 failed",
+        "ending: process 99999999999 failed: y", "slurmstepd-n1: error: dew: rank 1 is fine", ""}) {
     EXPECT_FALSE(peer_blame(other)) << other;
   }
 }

@@ -1,11 +1,11 @@
 // Shared by the launch plan's tests: options, facts and plans of a launch.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <map>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "dew/launch_plan.h"
 

@@ -1,15 +1,12 @@
 // dew launch's pure core: option checks, every process's environment and
 // command, quoting (checked through a real /bin/sh), the remote script.
 // srun and host queries: slurm_test.cpp; output lines: lines_test.cpp.
-#include "dew/launch_plan.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -19,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "dew/launch_plan.h"
 #include "expect_error.h"
 #include "plan_helpers.h"
 #include "process.h"
@@ -27,14 +25,14 @@ namespace dew::launch {
 namespace {
 
 using ::testing::ElementsAre;
-using ::testing::HasSubstr;
-using ::testing::Not;
-using ::testing::Pair;
-using ::testing::StartsWith;
 using testing::env_map;
 using testing::facts;
+using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::options_with;
+using ::testing::Pair;
 using testing::planned;
+using ::testing::StartsWith;
 
 const std::string kHostile = "a b 'q' \"dq\" $(touch /tmp/dew-pwned) `id` ; rm -rf x & | \\ $HOME\nline2\t*?[]{}!#~";
 
@@ -195,7 +193,7 @@ TEST(LaunchPlan, DevicesPerProcessSlicesEachHostsDevicesAsThePluginDoes) {
   o.processes_per_host = 4;
   o.devices_per_process = 2;
   auto f = facts();
-  f.devices["localhost"] = HostDevices{std::nullopt, 8};          // 8 GPUs, none hidden
+  f.devices["localhost"] = HostDevices{std::nullopt, 8};                                // 8 GPUs, none hidden
   f.devices["n1"] = HostDevices{"GPU-a,GPU-b,GPU-c,GPU-d,GPU-e,GPU-f,GPU-g,GPU-h", 8};  // an inherited list
   auto plan = planned(o, {}, f);
   const std::vector<std::string> local = {"0,1", "2,3", "4,5", "6,7"};
@@ -247,10 +245,10 @@ TEST(LaunchPlan, CwdAndPrivateDirs) {
   EXPECT_EQ(env_map(p)["HF_HOME"], "/tmp/dew-launch-0123456789ab/1/cache/huggingface");
   EXPECT_EQ(env_map(p)["JAX_COMPILATION_CACHE_DIR"], "/tmp/dew-launch-0123456789ab/1/cache/jax");
   EXPECT_EQ(env_map(p)["TMPDIR"], "/tmp/dew-launch-0123456789ab/1/tmp");
-  EXPECT_THAT(p.make_dirs, ElementsAre("/tmp/dew-launch-0123456789ab/1/work", "/tmp/dew-launch-0123456789ab/1/home",
-                                       "/tmp/dew-launch-0123456789ab/1/cache",
-                                       "/tmp/dew-launch-0123456789ab/1/cache/huggingface",
-                                       "/tmp/dew-launch-0123456789ab/1/cache/jax", "/tmp/dew-launch-0123456789ab/1/tmp"));
+  EXPECT_THAT(p.make_dirs,
+              ElementsAre("/tmp/dew-launch-0123456789ab/1/work", "/tmp/dew-launch-0123456789ab/1/home",
+                          "/tmp/dew-launch-0123456789ab/1/cache", "/tmp/dew-launch-0123456789ab/1/cache/huggingface",
+                          "/tmp/dew-launch-0123456789ab/1/cache/jax", "/tmp/dew-launch-0123456789ab/1/tmp"));
   // What --private-dirs sets, --env may not.
   for (const char* name : {"HF_HOME", "TMPDIR", "XDG_CACHE_HOME", "JAX_COMPILATION_CACHE_DIR"}) {
     EXPECT_THAT(dew::testing::invalid_argument_of(parse_env_options({std::string(name) + "=/x"}, false, true)),

@@ -21,8 +21,8 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using ::testing::StartsWith;
 using testing::options_with;
+using ::testing::StartsWith;
 
 TEST(Slurm, DetectsThePlugin) {
   EXPECT_TRUE(srun_has_dew_pool("      --dew-pool              Dew: give every task its rank\n"));
@@ -52,8 +52,8 @@ TEST(Slurm, SrunCommandWithAndWithoutThePlugin) {
   ASSERT_TRUE(pool.ok());
   EXPECT_THAT(pool.value(),
               ElementsAre("srun", "--ntasks-per-node=8", "--export=ALL", "--label", "--dew-pool", "--dew-watchdog=off",
-                          "--dew-devices-per-process=2", "--dew-port=29500", "--dew-coordinator=n1-ib",
-                          "--chdir=/data", "/opt/venv/bin/python", "train.py"));
+                          "--dew-devices-per-process=2", "--dew-port=29500", "--dew-coordinator=n1-ib", "--chdir=/data",
+                          "/opt/venv/bin/python", "train.py"));
   auto refused = srun_command(o, false);
   EXPECT_THAT(dew::testing::message_of(refused, ErrorCode::kUnsupported),
               StartsWith("--devices-per-process with --slurm needs Dew's SPANK plugin (srun --dew-pool), which this "
@@ -109,8 +109,9 @@ TEST(HostQuery, AGivenPortIsCheckedFreeOnTheHost) {
   auto r = dew::testing::run({"/bin/sh", "-c", host_query_script(true, false, busy)});
   EXPECT_EQ(r.out, "port-busy=" + std::to_string(busy) + "\n");
   EXPECT_EQ(dew::testing::message_of(parse_host_reply(r.out, "node0", true, false), ErrorCode::kUnavailable),
-            "--port " + std::to_string(busy) + ": the port is in use on node0; allowed: a port no socket uses there (or "
-            "leave --port out for a free one)");
+            "--port " + std::to_string(busy) +
+                ": the port is in use on node0; allowed: a port no socket uses there (or "
+                "leave --port out for a free one)");
   ::close(fd);
   r = dew::testing::run({"/bin/sh", "-c", host_query_script(true, false, busy)});
   EXPECT_EQ(parse_host_reply(r.out, "node0", true, false).value().port, busy);

@@ -220,9 +220,10 @@ TEST(BuildMeshTest, ExplicitOrderRefusals) {
             "mesh: device 9 in the device order is not one of the 4 devices (ids 0 to 3)");
   EXPECT_EQ(error_of("{}", pool, std::vector<int>{0, 2, 2, 1}),
             "mesh: device 2 appears twice in the device order; give each once");
-  EXPECT_EQ(error_of("fsdp=2", pool, std::vector<int>{0, 1, 2}),
-            "mesh spec: fsdp=2 asks for 2 devices, which does not divide the 3 devices; data takes the devices left over, "
-            "so the other axes must multiply to a divisor of 3");
+  EXPECT_EQ(
+      error_of("fsdp=2", pool, std::vector<int>{0, 1, 2}),
+      "mesh spec: fsdp=2 asks for 2 devices, which does not divide the 3 devices; data takes the devices left over, "
+      "so the other axes must multiply to a divisor of 3");
 }
 
 TEST(BuildMeshTest, DeviceGraphRefusals) {

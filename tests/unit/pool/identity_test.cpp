@@ -14,10 +14,14 @@ using dew::runtime::PoolSource;
 using dew::runtime::resolve_identity;
 using ::testing::HasSubstr;
 
-const Environment kSlurmStep = {
-    {"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "1"},
-    {"SLURM_STEP_NODELIST", "gpu[07-08]"}, {"SLURM_STEP_TASKS_PER_NODE", "4(x2)"},
-    {"SLURM_JOB_ID", "1234"}, {"SLURM_STEP_ID", "0"}};
+const Environment kSlurmStep = {{"SLURM_PROCID", "5"},
+                                {"SLURM_NTASKS", "8"},
+                                {"SLURM_LOCALID", "1"},
+                                {"SLURM_NODEID", "1"},
+                                {"SLURM_STEP_NODELIST", "gpu[07-08]"},
+                                {"SLURM_STEP_TASKS_PER_NODE", "4(x2)"},
+                                {"SLURM_JOB_ID", "1234"},
+                                {"SLURM_STEP_ID", "0"}};
 
 Environment with(Environment base, const Environment& more) {
   for (const auto& [k, v] : more) base[k] = v;
@@ -49,25 +53,44 @@ TEST_P(Precedence, PicksTheFirstSourceThatApplies) {
   EXPECT_FALSE(id.value().why.empty());
 }
 
-const Environment kDew = {{"DEW_PROCESS_ID", "2"}, {"DEW_PROCESS_COUNT", "4"}, {"DEW_LOCAL_PROCESS_ID", "0"},
-                          {"DEW_LOCAL_PROCESS_COUNT", "2"}, {"DEW_COORDINATOR_ADDRESS", "node0:29500"}};
-const Environment kOmpi = {{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"},
-                           {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}};
-const Environment kPmix = {{"PMIX_NAMESPACE", "slurm.pmix.12.0"}, {"PMIX_SERVER_URI41", "pmix-server.1;tcp4://127.0.0.1:1"}};
+const Environment kDew = {{"DEW_PROCESS_ID", "2"},
+                          {"DEW_PROCESS_COUNT", "4"},
+                          {"DEW_LOCAL_PROCESS_ID", "0"},
+                          {"DEW_LOCAL_PROCESS_COUNT", "2"},
+                          {"DEW_COORDINATOR_ADDRESS", "node0:29500"}};
+const Environment kOmpi = {{"OMPI_COMM_WORLD_RANK", "3"},
+                           {"OMPI_COMM_WORLD_SIZE", "4"},
+                           {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                           {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}};
+const Environment kPmix = {{"PMIX_NAMESPACE", "slurm.pmix.12.0"},
+                           {"PMIX_SERVER_URI41", "pmix-server.1;tcp4://127.0.0.1:1"}};
 
 INSTANTIATE_TEST_SUITE_P(
     Sources, Precedence,
     ::testing::Values(
         Case{"nothing", {}, PoolSource::kAlone, 0, 1, 0, 1, ""},
         Case{"dew", kDew, PoolSource::kDew, 2, 4, 0, 2, "node0:29500"},
-        Case{"dew_jax_address", {{"DEW_PROCESS_ID", "1"}, {"DEW_PROCESS_COUNT", "2"}, {"JAX_COORDINATOR_ADDRESS", "[fe80::1]:7"}},
-             PoolSource::kDew, 1, 2, 0, 1, "[fe80::1]:7"},
+        Case{"dew_jax_address",
+             {{"DEW_PROCESS_ID", "1"}, {"DEW_PROCESS_COUNT", "2"}, {"JAX_COORDINATOR_ADDRESS", "[fe80::1]:7"}},
+             PoolSource::kDew,
+             1,
+             2,
+             0,
+             1,
+             "[fe80::1]:7"},
         Case{"slurm_without_plugin", kSlurmStep, PoolSource::kSlurm, 5, 8, 1, 4,
              "gpu07:29488"},  // the plugin's formula: 20000 + (1234 * 32 + 0) mod 10000
         Case{"slurm_with_plugin", with(kSlurmStep, kDew), PoolSource::kSlurm, 5, 8, 1, 4, "node0:29500"},
-        Case{"slurm_one_task", with(kSlurmStep, {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}}), PoolSource::kAlone, 0, 1, 1,
-             4, ""},
-        Case{"batch_script_is_not_a_step", {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "8"}}, PoolSource::kAlone, 0, 1, 0, 1, ""},
+        Case{"slurm_one_task", with(kSlurmStep, {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}}), PoolSource::kAlone, 0,
+             1, 1, 4, ""},
+        Case{"batch_script_is_not_a_step",
+             {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "8"}},
+             PoolSource::kAlone,
+             0,
+             1,
+             0,
+             1,
+             ""},
         Case{"openmpi", kOmpi, PoolSource::kOpenMpi, 3, 4, 1, 2, ""},
         Case{"openmpi_inside_slurm", with(kSlurmStep, kOmpi), PoolSource::kOpenMpi, 3, 4, 1, 2, ""},
         Case{"openmpi_inside_one_task_allocation",
@@ -87,14 +110,13 @@ TEST(Precedence, ASlurmStepWhoseDistributionDoesNotSayWhereRank0RunsNeedsTheAddr
     ASSERT_TRUE(id.ok()) << dist << ": " << id.error().message;
     EXPECT_EQ(id.value().coordinator->host, "gpu07") << dist;
   }
-  const auto message = dew::testing::message_of(
-      resolve_identity(with(kSlurmStep, {{"SLURM_DISTRIBUTION", "arbitrary"}}), JoinOptions{}),
-      dew::ErrorCode::kUnsupported);
+  const auto message =
+      dew::testing::message_of(resolve_identity(with(kSlurmStep, {{"SLURM_DISTRIBUTION", "arbitrary"}}), JoinOptions{}),
+                               dew::ErrorCode::kUnsupported);
   EXPECT_THAT(message, HasSubstr("the distribution 'arbitrary' does not tell which node runs rank 0"));
   EXPECT_THAT(message, HasSubstr("DEW_COORDINATOR_ADDRESS=HOST:PORT"));
-  auto given = resolve_identity(with(kSlurmStep, {{"SLURM_DISTRIBUTION", "arbitrary"},
-                                                  {"DEW_COORDINATOR_ADDRESS", "n9:7"}}),
-                                JoinOptions{});
+  auto given = resolve_identity(
+      with(kSlurmStep, {{"SLURM_DISTRIBUTION", "arbitrary"}, {"DEW_COORDINATOR_ADDRESS", "n9:7"}}), JoinOptions{});
   ASSERT_TRUE(given.ok()) << given.error().message;
   EXPECT_EQ(given.value().coordinator->text(), "n9:7");
 }
@@ -151,24 +173,40 @@ TEST_P(Malformed, IsOneLineNamingTheVariable) {
 INSTANTIATE_TEST_SUITE_P(
     Variables, Malformed,
     ::testing::Values(
-        Bad{"rank_not_below_size", with(kDew, {{"DEW_PROCESS_ID", "4"}}), "DEW_PROCESS_ID=4 is not below DEW_PROCESS_COUNT=4"},
-        Bad{"size_zero", with(kDew, {{"DEW_PROCESS_ID", "0"}, {"DEW_PROCESS_COUNT", "0"}}), "DEW_PROCESS_COUNT=0: a pool has at least one process"},
+        Bad{"rank_not_below_size", with(kDew, {{"DEW_PROCESS_ID", "4"}}),
+            "DEW_PROCESS_ID=4 is not below DEW_PROCESS_COUNT=4"},
+        Bad{"size_zero", with(kDew, {{"DEW_PROCESS_ID", "0"}, {"DEW_PROCESS_COUNT", "0"}}),
+            "DEW_PROCESS_COUNT=0: a pool has at least one process"},
         Bad{"rank_without_size", {{"DEW_PROCESS_ID", "0"}}, "DEW_PROCESS_ID is set but DEW_PROCESS_COUNT is not"},
         Bad{"size_without_rank", {{"DEW_PROCESS_COUNT", "2"}}, "DEW_PROCESS_COUNT is set but DEW_PROCESS_ID is not"},
-        Bad{"rank_not_a_number", with(kDew, {{"DEW_PROCESS_ID", "two"}}), "DEW_PROCESS_ID: 'two' is not allowed; allowed: a whole number"},
+        Bad{"rank_not_a_number", with(kDew, {{"DEW_PROCESS_ID", "two"}}),
+            "DEW_PROCESS_ID: 'two' is not allowed; allowed: a whole number"},
         Bad{"negative", with(kDew, {{"DEW_PROCESS_ID", "-1"}}), "DEW_PROCESS_ID: '-1' is not allowed"},
-        Bad{"coordinator_without_port", with(kDew, {{"DEW_COORDINATOR_ADDRESS", "node0"}}), "DEW_COORDINATOR_ADDRESS='node0' has no port"},
-        Bad{"coordinator_bad_port", with(kDew, {{"DEW_COORDINATOR_ADDRESS", "node0:99999"}}), "port '99999' is not 1-65535"},
+        Bad{"coordinator_without_port", with(kDew, {{"DEW_COORDINATOR_ADDRESS", "node0"}}),
+            "DEW_COORDINATOR_ADDRESS='node0' has no port"},
+        Bad{"coordinator_bad_port", with(kDew, {{"DEW_COORDINATOR_ADDRESS", "node0:99999"}}),
+            "port '99999' is not 1-65535"},
         Bad{"coordinator_port_zero", with(kDew, {{"DEW_COORDINATOR_ADDRESS", "node0:0"}}), "port '0' is not 1-65535"},
         Bad{"coordinator_no_host", with(kDew, {{"DEW_COORDINATOR_ADDRESS", ":80"}}), "has no host"},
         Bad{"ipv6_without_brackets", with(kDew, {{"DEW_COORDINATOR_ADDRESS", "fe80::1:80"}}), "in brackets"},
-        Bad{"no_coordinator", {{"DEW_PROCESS_ID", "0"}, {"DEW_PROCESS_COUNT", "2"}}, "neither DEW_COORDINATOR_ADDRESS nor JAX_COORDINATOR_ADDRESS"},
-        Bad{"jax_address_bad", {{"DEW_PROCESS_ID", "0"}, {"DEW_PROCESS_COUNT", "2"}, {"JAX_COORDINATOR_ADDRESS", "h:x"}}, "JAX_COORDINATOR_ADDRESS='h:x'"},
-        Bad{"ompi_rank_too_big", with(kOmpi, {{"OMPI_COMM_WORLD_RANK", "4"}}), "OMPI_COMM_WORLD_RANK=4 is not below OMPI_COMM_WORLD_SIZE=4"},
-        Bad{"ompi_partial_local", with(kOmpi, {{"OMPI_COMM_WORLD_LOCAL_SIZE", "x"}}), "OMPI_COMM_WORLD_LOCAL_SIZE: 'x'"},
-        Bad{"ompi_size_missing", {{"OMPI_COMM_WORLD_RANK", "1"}}, "OMPI_COMM_WORLD_RANK is set but OMPI_COMM_WORLD_SIZE is not"},
-        Bad{"slurm_rank_too_big", with(kSlurmStep, {{"SLURM_PROCID", "8"}}), "SLURM_PROCID=8 is not below SLURM_NTASKS=8"},
-        Bad{"slurm_ntasks_missing", {{"SLURM_PROCID", "1"}, {"SLURM_STEP_NODELIST", "n1"}}, "SLURM_PROCID is set but SLURM_NTASKS is not"},
+        Bad{"no_coordinator",
+            {{"DEW_PROCESS_ID", "0"}, {"DEW_PROCESS_COUNT", "2"}},
+            "neither DEW_COORDINATOR_ADDRESS nor JAX_COORDINATOR_ADDRESS"},
+        Bad{"jax_address_bad",
+            {{"DEW_PROCESS_ID", "0"}, {"DEW_PROCESS_COUNT", "2"}, {"JAX_COORDINATOR_ADDRESS", "h:x"}},
+            "JAX_COORDINATOR_ADDRESS='h:x'"},
+        Bad{"ompi_rank_too_big", with(kOmpi, {{"OMPI_COMM_WORLD_RANK", "4"}}),
+            "OMPI_COMM_WORLD_RANK=4 is not below OMPI_COMM_WORLD_SIZE=4"},
+        Bad{"ompi_partial_local", with(kOmpi, {{"OMPI_COMM_WORLD_LOCAL_SIZE", "x"}}),
+            "OMPI_COMM_WORLD_LOCAL_SIZE: 'x'"},
+        Bad{"ompi_size_missing",
+            {{"OMPI_COMM_WORLD_RANK", "1"}},
+            "OMPI_COMM_WORLD_RANK is set but OMPI_COMM_WORLD_SIZE is not"},
+        Bad{"slurm_rank_too_big", with(kSlurmStep, {{"SLURM_PROCID", "8"}}),
+            "SLURM_PROCID=8 is not below SLURM_NTASKS=8"},
+        Bad{"slurm_ntasks_missing",
+            {{"SLURM_PROCID", "1"}, {"SLURM_STEP_NODELIST", "n1"}},
+            "SLURM_PROCID is set but SLURM_NTASKS is not"},
         Bad{"slurm_bad_localid", with(kSlurmStep, {{"SLURM_LOCALID", "a"}}), "SLURM_LOCALID: 'a'"},
         Bad{"slurm_bad_nodelist", with(kSlurmStep, {{"SLURM_STEP_NODELIST", "n[1-"}}), "SLURM_STEP_NODELIST"}),
     [](const ::testing::TestParamInfo<Bad>& info) { return std::string(info.param.name); });
@@ -201,7 +239,8 @@ TEST(Settings, OptionsThenVariablesThenDefaults) {
 
   for (const char* bad : {"0", "-3", "soon", "", "1e99", "nan"}) {
     auto refused = dew::runtime::resolve_settings({{"DEW_FAILURE_GRACE_SECONDS", bad}}, JoinOptions{});
-    EXPECT_THAT(dew::testing::invalid_argument_of(refused), HasSubstr(std::string("DEW_FAILURE_GRACE_SECONDS='") + bad + "'"));
+    EXPECT_THAT(dew::testing::invalid_argument_of(refused),
+                HasSubstr(std::string("DEW_FAILURE_GRACE_SECONDS='") + bad + "'"));
   }
 }
 

@@ -57,7 +57,8 @@ TEST(Join, ASilentListenerEndsTheJoinAtItsTimeoutWithProgressLines) {
   EXPECT_GE(rank->seconds(), 6.5);
   EXPECT_LT(rank->seconds(), 10.0);
   const std::string where = "127.0.0.1:" + std::to_string(listener.port);
-  EXPECT_THAT(rank->err(), HasSubstr("[1] waiting for the coordination service at " + where + " to answer (5 s of 7 s)"));
+  EXPECT_THAT(rank->err(),
+              HasSubstr("[1] waiting for the coordination service at " + where + " to answer (5 s of 7 s)"));
   EXPECT_THAT(rank->err(), HasSubstr("[1] error: cannot join the pool: the coordinator at " + where +
                                      " accepted the connection but the handshake did not end within 7 s "
                                      "(DEW_JOIN_TIMEOUT_SECONDS): heard nothing"));
@@ -138,7 +139,8 @@ TEST(Join, ARankThatNeverJoinsIsNamedByEveryOtherOnce) {
   EXPECT_EQ(pool.ranks[1]->wait(20s), dew::kPeerFailedExitCode) << pool.describe();
   for (int r : {0, 1}) {
     EXPECT_THAT(pool.ranks[static_cast<std::size_t>(r)]->err(),
-                HasSubstr("[" + std::to_string(r) + "] ending: process 2 failed: process 2 never joined the pool "
+                HasSubstr("[" + std::to_string(r) +
+                          "] ending: process 2 failed: process 2 never joined the pool "
                           "within 6 s (DEW_JOIN_TIMEOUT_SECONDS)"))
         << pool.describe();
   }
@@ -168,8 +170,9 @@ TEST(Join, ATakenPortFailsProcessZeroNamingThePort) {
   SilentListener taken;
   auto rank = joiner(0, 2, taken.port, "5");
   EXPECT_EQ(rank->wait(20s), dew::kJoinFailedExitCode) << rank->err();
-  EXPECT_THAT(rank->err(), HasSubstr("[0] error: cannot join the pool: the coordination service cannot listen on port " +
-                                     std::to_string(taken.port) + ": Address already in use"));
+  EXPECT_THAT(rank->err(),
+              HasSubstr("[0] error: cannot join the pool: the coordination service cannot listen on port " +
+                        std::to_string(taken.port) + ": Address already in use"));
 }
 
 }  // namespace

@@ -49,7 +49,8 @@ struct LocalPool {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     std::vector<int> codes;
     for (auto& rank : ranks) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       codes.push_back(rank->wait(std::max(left, 0ms)));
     }
     return codes;
@@ -85,7 +86,9 @@ class RawClient {
   }
   ~RawClient() { close(fd_); }
   bool connected() const { return connected_; }
-  void send_bytes(const std::string& bytes) { [[maybe_unused]] auto n = ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL); }
+  void send_bytes(const std::string& bytes) {
+    [[maybe_unused]] auto n = ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  }
   // Reads until the service closes (or 5 s pass); true if it closed.
   bool read_until_closed(std::string& got) {
     char buffer[4096];

@@ -26,7 +26,6 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using namespace std::chrono_literals;
 
-
 TEST(LocalPool, FourProcessesPutGetGatherAndAgree) {
   LocalPool pool(4, {"exchange"});
   const auto codes = pool.wait_all(30s);
@@ -53,10 +52,12 @@ TEST(LocalPool, ARankThatThrowsEndsEveryProcessWithinFiveSeconds) {
   }
   EXPECT_LT(last - first, 5.0) << pool.describe();
   // Rank 2's error: printed once, with its rank.
-  EXPECT_EQ(dew::testing::occurrences(pool.all_output(), "[2] error: uncaught exception: boom from rank 2"), 1) << pool.describe();
+  EXPECT_EQ(dew::testing::occurrences(pool.all_output(), "[2] error: uncaught exception: boom from rank 2"), 1)
+      << pool.describe();
   for (int r : {0, 1, 3}) {
-    EXPECT_THAT(pool.ranks[static_cast<std::size_t>(r)]->err(),
-                HasSubstr("[" + std::to_string(r) + "] ending: process 2 failed: uncaught exception: boom from rank 2"));
+    EXPECT_THAT(
+        pool.ranks[static_cast<std::size_t>(r)]->err(),
+        HasSubstr("[" + std::to_string(r) + "] ending: process 2 failed: uncaught exception: boom from rank 2"));
   }
 }
 
@@ -111,7 +112,8 @@ TEST(LocalPool, AStalledRankIsNamedWhenTheAgreementRunsOutOfPatience) {
   EXPECT_EQ(codes, std::vector<int>({75, 75, 75, 75})) << pool.describe();
   for (int r : {0, 1, 3}) {
     EXPECT_THAT(pool.ranks[static_cast<std::size_t>(r)]->err(),
-                HasSubstr("[" + std::to_string(r) + "] ending: process 2 failed: uncaught exception: agreement "
+                HasSubstr("[" + std::to_string(r) +
+                          "] ending: process 2 failed: uncaught exception: agreement "
                           "'checkpoint' ran out of patience after 2 s: process 2 never arrived"))
         << pool.describe();
   }
@@ -124,7 +126,8 @@ TEST(LocalPool, TheOthersEndWhenProcessZeroDies) {
   ASSERT_TRUE(pool.ranks[0]->wait_for_output("READY", 20s)) << pool.describe();
   pool.ranks[0]->signal(SIGKILL);
   EXPECT_EQ(pool.wait_all(5s), std::vector<int>({128 + SIGKILL, 75, 75, 75})) << pool.describe();
-  EXPECT_THAT(pool.ranks[1]->err(), HasSubstr("[1] ending: process 0 failed: lost the coordination service on process 0"));
+  EXPECT_THAT(pool.ranks[1]->err(),
+              HasSubstr("[1] ending: process 0 failed: lost the coordination service on process 0"));
 }
 
 TEST(LocalPool, StrangersAreRefusedAndThePoolGoesOn) {
@@ -174,9 +177,11 @@ TEST(LocalPool, StrangersAreRefusedAndThePoolGoesOn) {
     client.send_bytes(std::string("\x00\x00\x00\x40\x05\x00\x00", 7));
   }
   // A real process with the wrong secret: refused with a line saying why.
-  Spawned stranger({worker(), "join"}, {{"DEW_PROCESS_ID", "1"}, {"DEW_PROCESS_COUNT", "4"},
+  Spawned stranger({worker(), "join"}, {{"DEW_PROCESS_ID", "1"},
+                                        {"DEW_PROCESS_COUNT", "4"},
                                         {"DEW_COORDINATOR_ADDRESS", "127.0.0.1:" + std::to_string(pool.port)},
-                                        {"DEW_POOL_SECRET", std::string(64, '0')}, {"DEW_JOIN_TIMEOUT_SECONDS", "5"}});
+                                        {"DEW_POOL_SECRET", std::string(64, '0')},
+                                        {"DEW_JOIN_TIMEOUT_SECONDS", "5"}});
   EXPECT_NE(stranger.wait(20s), 0);
   EXPECT_THAT(stranger.err(), HasSubstr("refused process 1: wrong MAC"));
 
@@ -220,7 +225,8 @@ TEST(LocalPool, CompileCacheKeyIsSharedOnlyWhenEveryFingerprintMatches) {
     for (auto& rank : pool.ranks) EXPECT_THAT(rank->out(), HasSubstr(key[0]));
   }
   {
-    LocalPool pool(4, {"fingerprint"}, {}, {{2, {{"DEW_ACCELERATOR_FINGERPRINT", "platform=cuda\ngpu.0=H100 sm_90\n"}}}});
+    LocalPool pool(4, {"fingerprint"}, {},
+                   {{2, {{"DEW_ACCELERATOR_FINGERPRINT", "platform=cuda\ngpu.0=H100 sm_90\n"}}}});
     EXPECT_EQ(pool.wait_all(30s), std::vector<int>({0, 0, 0, 0})) << pool.describe();
     for (auto& rank : pool.ranks) EXPECT_THAT(rank->out(), HasSubstr("KEY none"));
     EXPECT_THAT(pool.ranks[0]->err(), HasSubstr("compile cache off"));
@@ -247,25 +253,29 @@ TEST(StepWatchdog, EndsAStepThatOutlivesItsBound) {
 // a failure before joining names that rank, not [0] (the rank precedence is
 // identity's, dew/slurm_step.h).
 TEST(StepWatchdog, AFailureBeforeJoiningUnderMpirunInAnAllocationNamesOpenMpisRank) {
-  Spawned process({worker(), "watchdog", "300"},
-                  {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_STEP_NODELIST", "n1"},
-                   {"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"}});
+  Spawned process({worker(), "watchdog", "300"}, {{"SLURM_PROCID", "0"},
+                                                  {"SLURM_NTASKS", "1"},
+                                                  {"SLURM_STEP_NODELIST", "n1"},
+                                                  {"OMPI_COMM_WORLD_RANK", "2"},
+                                                  {"OMPI_COMM_WORLD_SIZE", "4"}});
   EXPECT_EQ(process.wait(20s), 124) << process.err();
   EXPECT_THAT(process.err(), HasSubstr("[2] error: step 2 ran longer than its bound"));
   EXPECT_THAT(process.err(), Not(HasSubstr("[0] error")));
 }
 
 TEST(LocalPool, ASecretThatIsNot64HexDigitsIsRefusedBeforeJoining) {
-  Spawned process({worker(), "join"}, {{"DEW_PROCESS_ID", "1"}, {"DEW_PROCESS_COUNT", "2"},
-                                       {"DEW_COORDINATOR_ADDRESS", "127.0.0.1:1"}, {"DEW_POOL_SECRET", "abc"}});
+  Spawned process({worker(), "join"}, {{"DEW_PROCESS_ID", "1"},
+                                       {"DEW_PROCESS_COUNT", "2"},
+                                       {"DEW_COORDINATOR_ADDRESS", "127.0.0.1:1"},
+                                       {"DEW_POOL_SECRET", "abc"}});
   EXPECT_EQ(process.wait(20s), dew::kJoinFailedExitCode) << process.err();
   EXPECT_THAT(process.err(), HasSubstr("[1] error: cannot join the pool: DEW_POOL_SECRET has 3 characters; allowed: 64 "
                                        "hex digits"));
 }
 
 TEST(LocalPool, MalformedVariablesAreNamed) {
-  Spawned process({worker(), "join"}, {{"DEW_PROCESS_ID", "4"}, {"DEW_PROCESS_COUNT", "4"},
-                                       {"DEW_COORDINATOR_ADDRESS", "127.0.0.1:1"}});
+  Spawned process({worker(), "join"},
+                  {{"DEW_PROCESS_ID", "4"}, {"DEW_PROCESS_COUNT", "4"}, {"DEW_COORDINATOR_ADDRESS", "127.0.0.1:1"}});
   EXPECT_NE(process.wait(20s), 0);
   EXPECT_THAT(process.err(), HasSubstr("DEW_PROCESS_ID=4 is not below DEW_PROCESS_COUNT=4"));
 }
@@ -309,15 +319,17 @@ TEST(MpirunPool, JoinsThroughOpenMpisPmixServer) {
   if (dew::testing::run({"sh", "-c", "command -v mpirun"}).exit_code != 0) {
     GTEST_SKIP() << "mpirun not installed (openmpi-bin, from scripts/install-deps)";
   }
-  const auto run = dew::testing::run(
-      {"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4", worker(), "exchange"}, {}, std::chrono::seconds(60));
+  const auto run =
+      dew::testing::run({"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4", worker(), "exchange"}, {},
+                        std::chrono::seconds(60));
   ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
   EXPECT_EQ(dew::testing::occurrences(run.out, "size=4 source=pmix backend=pmix+tcp"), 4) << run.out;
   EXPECT_EQ(dew::testing::occurrences(run.out, "gather=rank 0|rank 1|rank 2|rank 3 squares=0,1,4,9"), 4) << run.out;
   EXPECT_THAT(run.err, HasSubstr("[3] Joined the pool: process 3 of 4 (pmix, pmix+tcp)"));
 
-  const auto failed = dew::testing::run(
-      {"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4", worker(), "throw", "2"}, {}, std::chrono::seconds(60));
+  const auto failed =
+      dew::testing::run({"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4", worker(), "throw", "2"}, {},
+                        std::chrono::seconds(60));
   EXPECT_NE(failed.exit_code, 0);
   EXPECT_LT(failed.seconds, 10.0);
   EXPECT_EQ(dew::testing::occurrences(failed.out + failed.err, "[2] error: uncaught exception: boom from rank 2"), 1)

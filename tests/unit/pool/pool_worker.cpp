@@ -36,9 +36,7 @@ namespace {
 using dew::runtime::Pool;
 using namespace std::chrono_literals;
 
-void line(const std::string& text) {
-  std::cout << text << std::endl;
-}
+void line(const std::string& text) { std::cout << text << std::endl; }
 
 int exchange(Pool& pool) {
   const int r = pool.rank();
@@ -57,8 +55,8 @@ int exchange(Pool& pool) {
   std::string squares;
   for (const auto& part : again) squares += (squares.empty() ? "" : ",") + part;
   for (int i = 0; i < 3; ++i) pool.agree("loop");
-  line("RESULT rank=" + std::to_string(r) + " size=" + std::to_string(n) + " source=" +
-       std::string(dew::runtime::source_name(pool.identity().source)) + " backend=" + pool.backend() +
+  line("RESULT rank=" + std::to_string(r) + " size=" + std::to_string(n) +
+       " source=" + std::string(dew::runtime::source_name(pool.identity().source)) + " backend=" + pool.backend() +
        " local=" + std::to_string(pool.identity().local_rank) + "/" + std::to_string(pool.identity().local_size) +
        " gets=" + gets + " gather=" + gathered + " squares=" + squares);
   return 0;
@@ -163,7 +161,10 @@ int main(int argc, char** argv) {
   if (scenario == "watchdog") {
     // The watchdog needs no pool: it fails the process on its own.
     dew::runtime::StepWatchdog watchdog(std::chrono::milliseconds(arg(2)));
-    { auto step = watchdog.step(); std::this_thread::sleep_for(50ms); }
+    {
+      auto step = watchdog.step();
+      std::this_thread::sleep_for(50ms);
+    }
     line("STEP 1 done");
     auto step = watchdog.step();
     std::this_thread::sleep_for(std::chrono::milliseconds(arg(2) * 10));

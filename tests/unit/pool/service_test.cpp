@@ -93,7 +93,8 @@ TEST(CoordinationService, AGatherOverTheMessageLimitIsRefusedAtTheCallerNamingTh
 TEST(CoordinationService, LargeGathersArriveWholeInRankOrder) {
   LocalPool pool(4, {"gather", std::to_string(3 << 20), "3"});
   EXPECT_EQ(pool.wait_all(60s), std::vector<int>({0, 0, 0, 0})) << pool.describe();
-  for (const auto& rank : pool.ranks) EXPECT_THAT(rank->out(), HasSubstr("GATHER ok: 3 rounds of 4 parts of 3145728 bytes"));
+  for (const auto& rank : pool.ranks)
+    EXPECT_THAT(rank->out(), HasSubstr("GATHER ok: 3 rounds of 4 parts of 3145728 bytes"));
 }
 
 }  // namespace

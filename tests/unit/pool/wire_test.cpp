@@ -1,9 +1,10 @@
 // The coordination service's frames and handshake MACs.
+#include "wire.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "auth.h"
-#include "wire.h"
 
 namespace {
 
@@ -11,7 +12,8 @@ using namespace dew::runtime;
 using ::testing::HasSubstr;
 
 TEST(Wire, RoundTripsEveryTypeAtEveryCut) {
-  const wire::Frame frame{wire::Type::kGathered, {wire::encode_u64(7), "", std::string("a\0b", 3), std::string(70000, 'z')}};
+  const wire::Frame frame{wire::Type::kGathered,
+                          {wire::encode_u64(7), "", std::string("a\0b", 3), std::string(70000, 'z')}};
   const std::string bytes = wire::encode(frame) + wire::encode({wire::Type::kHeartbeat, {}});
   for (std::size_t cut = 0; cut < wire::kHeaderBytes + 20; ++cut) {
     EXPECT_EQ(wire::decode(bytes.substr(0, cut), wire::kMaxFrameBytes).status, wire::DecodeStatus::kNeedMore) << cut;
@@ -47,16 +49,18 @@ TEST_P(Refused, WithOneLineSayingWhy) {
 
 INSTANTIATE_TEST_SUITE_P(
     Frames, Refused,
-    ::testing::Values(
-        BadFrame{"empty", std::string("\0\0\0\0", 4), "empty frame"},
-        BadFrame{"oversized", std::string("\x7f\xff\xff\xff", 4), "frame of 2147483647 bytes is over the limit of 4096"},
-        BadFrame{"unknown_type", std::string("\0\0\0\x01\x63", 5), "unknown frame type 99"},
-        BadFrame{"type_zero", std::string("\0\0\0\x01\x00", 5), "unknown frame type 0"},
-        BadFrame{"http", "GET / HTTP/1.1\r\n", "over the limit"},
-        BadFrame{"item_overruns", std::string("\0\0\0\x06\x05\0\0\0\x09z", 10), "overruns"},
-        BadFrame{"truncated_item_length", std::string("\0\0\0\x03\x05\0\0", 7), "truncated item length"},
-        BadFrame{"too_few_items", wire::encode({wire::Type::kHeartbeat, {}}).replace(4, 1, "\x05"), "put frame with 0 items (allowed: 2)"},
-        BadFrame{"too_many_items", wire::encode({wire::Type::kBye, {"x"}}), "bye frame with 1 items (allowed: 0)"}),
+    ::testing::Values(BadFrame{"empty", std::string("\0\0\0\0", 4), "empty frame"},
+                      BadFrame{"oversized", std::string("\x7f\xff\xff\xff", 4),
+                               "frame of 2147483647 bytes is over the limit of 4096"},
+                      BadFrame{"unknown_type", std::string("\0\0\0\x01\x63", 5), "unknown frame type 99"},
+                      BadFrame{"type_zero", std::string("\0\0\0\x01\x00", 5), "unknown frame type 0"},
+                      BadFrame{"http", "GET / HTTP/1.1\r\n", "over the limit"},
+                      BadFrame{"item_overruns", std::string("\0\0\0\x06\x05\0\0\0\x09z", 10), "overruns"},
+                      BadFrame{"truncated_item_length", std::string("\0\0\0\x03\x05\0\0", 7), "truncated item length"},
+                      BadFrame{"too_few_items", wire::encode({wire::Type::kHeartbeat, {}}).replace(4, 1, "\x05"),
+                               "put frame with 0 items (allowed: 2)"},
+                      BadFrame{"too_many_items", wire::encode({wire::Type::kBye, {"x"}}),
+                               "bye frame with 1 items (allowed: 0)"}),
     [](const ::testing::TestParamInfo<BadFrame>& info) { return std::string(info.param.name); });
 
 TEST(Auth, MacsBindTheSecretTheNonceAndTheIdentity) {

@@ -84,10 +84,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BadArg{"watchdog=30m1h", "duration such as"}, BadArg{"watchdog=1h1h", "duration such as"},
                       BadArg{"watchdog=9000h", "at most 8760h"}, BadArg{"watchdog=-5m", "duration such as"},
                       BadArg{"watchdog=", "duration such as"}, BadArg{"watchdog=OFF", "or off"},
-                      BadArg{"devices_per_process=0", "1 to 1024"},
-                      BadArg{"devices_per_process=-1", "1 to 1024"},
-                      BadArg{"devices_per_process=2048", "1 to 1024"},
-                      BadArg{"devices_per_process=1.5", "1 to 1024"},
+                      BadArg{"devices_per_process=0", "1 to 1024"}, BadArg{"devices_per_process=-1", "1 to 1024"},
+                      BadArg{"devices_per_process=2048", "1 to 1024"}, BadArg{"devices_per_process=1.5", "1 to 1024"},
                       BadArg{"devices_per_process=99999999999999999999", "1 to 1024"},
                       BadArg{"devices_per_process=", "1 to 1024"}));
 

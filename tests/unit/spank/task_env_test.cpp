@@ -99,13 +99,13 @@ TEST(PlanTaskEnvironment, AnAdminDefaultLeavesAStepWithoutGpusAlone) {
   EXPECT_EQ(env.count("CUDA_VISIBLE_DEVICES"), 0u);
   EXPECT_EQ(env.count("JAX_LOCAL_DEVICE_IDS"), 0u);
   ASSERT_EQ(plan.value().notes.size(), 1u);
-  EXPECT_EQ(plan.value().notes[0], "rank 1: the step has no GPUs on this node, so plugstack's devices_per_process=2 "
-                                   "does not apply; CUDA_VISIBLE_DEVICES left as it is");
+  EXPECT_EQ(plan.value().notes[0],
+            "rank 1: the step has no GPUs on this node, so plugstack's devices_per_process=2 "
+            "does not apply; CUDA_VISIBLE_DEVICES left as it is");
   // The user's own value that does not fit stays an error.
   auto options = pool();
   options.devices_per_process = DevicesPerProcess(2u);
-  EXPECT_THAT(dew::testing::invalid_argument_of(plan_task_environment(facts, options, config)),
-              HasSubstr("GPUs"));
+  EXPECT_THAT(dew::testing::invalid_argument_of(plan_task_environment(facts, options, config)), HasSubstr("GPUs"));
 }
 
 TEST(PlanTaskEnvironment, TheUserCanSwitchTheAdminDefaultOffForAStep) {
@@ -142,8 +142,8 @@ TEST(PlanTaskEnvironment, SingleTaskFormsNoPool) {
   EXPECT_EQ(env["DEW_PROCESS_COUNT"], "1");
   EXPECT_EQ(env.count("DEW_COORDINATOR_ADDRESS"), 0u);
   EXPECT_EQ(env.count("DEW_POOL_SECRET"), 0u);
-  EXPECT_THAT(plan.value().unset,
-              UnorderedElementsAre("DEW_COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS", "DEW_POOL_SECRET", "DEW_MULTI_HOST"));
+  EXPECT_THAT(plan.value().unset, UnorderedElementsAre("DEW_COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS",
+                                                       "DEW_POOL_SECRET", "DEW_MULTI_HOST"));
 }
 
 TEST(PlanTaskEnvironment, SingleTaskWithMultiHostFormsAPool) {
@@ -230,8 +230,9 @@ TEST(ClassifyTaskEnd, AFailureIsNamedWithRankStatusAndStep) {
 TEST(ClassifyTaskEnd, APeersExit75IsNeverTheCause) {
   const auto end = classify_task_end(75 << 8, 0, 42, 0, false);
   EXPECT_EQ(end.kind, TaskEnd::kPeerFailed);
-  EXPECT_EQ(end.line, "rank 0 ended because another rank of its pool failed (exit code 75); the failing rank's own "
-                      "exit ends step 42.0, or this node does in 1 s");
+  EXPECT_EQ(end.line,
+            "rank 0 ended because another rank of its pool failed (exit code 75); the failing rank's own "
+            "exit ends step 42.0, or this node does in 1 s");
   EXPECT_EQ(classify_task_end(75 << 8, 0, 42, 0, true).kind, TaskEnd::kPeerFailed);
 }
 
@@ -240,8 +241,9 @@ TEST(ClassifyTaskEnd, SigkillFromOutsideIsNamedButTheStepsOwnEndIsNot) {
   // outside it: the OOM killer, kill -9.
   auto end = classify_task_end(SIGKILL, 2, 1, 0, false);
   EXPECT_EQ(end.kind, TaskEnd::kFailed);
-  EXPECT_EQ(end.line, "rank 2 ended with signal 9 (SIGKILL), killed from outside the step (the OOM killer, kill -9); "
-                      "ending step 1.0 (kill-on-bad-exit)");
+  EXPECT_EQ(end.line,
+            "rank 2 ended with signal 9 (SIGKILL), killed from outside the step (the OOM killer, kill -9); "
+            "ending step 1.0 (kill-on-bad-exit)");
   // The step's own end: SIGTERM, and SIGKILL once the node knows.
   end = classify_task_end(SIGTERM, 3, 1, 0, false);
   EXPECT_EQ(end.kind, TaskEnd::kStepEnding);

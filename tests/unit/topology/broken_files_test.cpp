@@ -1,9 +1,8 @@
 // Broken topology files of each kind, and streams that never end: one line
 // naming the file and the problem, never a crash or an endless read.
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -21,11 +20,11 @@ namespace dew::topology {
 namespace {
 
 namespace fs = std::filesystem;
-using ::testing::HasSubstr;
-using ::testing::StartsWith;
 using testing::fixture;
 using testing::fixture_files;
+using ::testing::HasSubstr;
 using testing::read;
+using ::testing::StartsWith;
 
 // --- Broken files: one line naming the file and the problem ---
 
@@ -126,7 +125,9 @@ TEST_F(BrokenFiles, EmptyBinaryMissingAndDirectory) {
   expect_one_line_error(load_topology_file(empty), empty);
   EXPECT_THAT(load_topology_file(empty).error().message, HasSubstr("empty file"));
 
-  const std::string binary = write("blob.bin", std::string("\x7f" "ELF\0\0\x01\x02", 8));
+  const std::string binary = write("blob.bin", std::string("\x7f"
+                                                           "ELF\0\0\x01\x02",
+                                                           8));
   expect_one_line_error(load_topology_file(binary), binary);
   EXPECT_THAT(load_topology_file(binary).error().message, HasSubstr("not a topology file"));
 
@@ -194,8 +195,9 @@ TEST_F(BrokenFiles, HwlocXmlOfANewerHwlocNamesBothVersions) {
 
 TEST_F(BrokenFiles, NcclXmlNestedTooDeepIsRefusedNotRecursedInto) {
   std::string deep = "<system>";
-  for (int i = 0; i < 200; ++i) deep += "<pci busid=\"0000:" + std::to_string(10 + i % 80) + ":00." +
-                                        std::to_string(i / 80) + "\" class=\"0x060400\">";
+  for (int i = 0; i < 200; ++i)
+    deep +=
+        "<pci busid=\"0000:" + std::to_string(10 + i % 80) + ":00." + std::to_string(i / 80) + "\" class=\"0x060400\">";
   for (int i = 0; i < 200; ++i) deep += "</pci>";
   deep += "</system>";
   const std::string path = write("deep.xml", deep);

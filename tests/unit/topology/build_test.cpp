@@ -1,12 +1,13 @@
 // The pure rules every topology source shares: PCIe path classes, the
 // NVLink closure through NVSwitches, bandwidth estimates, the small parsers,
 // and merging what NVML says into what hwloc saw.
+#include "build.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "dew/nvml.h"
 #include "dew/topology.h"
-#include "build.h"
 
 namespace dew::topology::detail {
 namespace {
@@ -23,8 +24,7 @@ TEST(PciePathClass, OneSharedSwitchIsPix) {
 }
 
 TEST(PciePathClass, SwitchesBelowTheSharedOneArePxb) {
-  EXPECT_EQ(pcie_path_class(place("hb0", {"sw1", "sw2"}, 0), place("hb0", {"sw1", "sw3"}, 0), false),
-            PathClass::kPXB);
+  EXPECT_EQ(pcie_path_class(place("hb0", {"sw1", "sw2"}, 0), place("hb0", {"sw1", "sw3"}, 0), false), PathClass::kPXB);
   EXPECT_EQ(pcie_path_class(place("hb0", {"sw1", "sw2"}, 0), place("hb0", {"sw1"}, 0), false), PathClass::kPXB);
 }
 
@@ -195,8 +195,8 @@ TEST(Assemble, OrdersByBusIdAndFillsEveryMatrix) {
   EXPECT_EQ(t.gpus[0].pci_bus_id, "0000:07:00.0");
   EXPECT_EQ(t.gpus[2].pci_bus_id, "0000:81:00.0");
   EXPECT_EQ(t.gpus[2].index, 2);
-  EXPECT_THAT(t.path, ElementsAre(PathClass::kSelf, PathClass::kNVLink, PathClass::kSYS,    //
-                                  PathClass::kNVLink, PathClass::kSelf, PathClass::kSYS,    //
+  EXPECT_THAT(t.path, ElementsAre(PathClass::kSelf, PathClass::kNVLink, PathClass::kSYS,  //
+                                  PathClass::kNVLink, PathClass::kSelf, PathClass::kSYS,  //
                                   PathClass::kSYS, PathClass::kSYS, PathClass::kSelf));
   EXPECT_THAT(t.nvlinks, ElementsAre(0, 4, 0, 4, 0, 0, 0, 0, 0));
   EXPECT_DOUBLE_EQ(t.bandwidth_gbps[1], 100.0);
@@ -231,8 +231,7 @@ TEST(Assemble, NotesAreSaidOnce) {
 }
 
 TEST(SmiWords, EscapesAndTheirRemainsAreDropped) {
-  EXPECT_THAT(smi_words("\t\x1b[4mGPU0\tGPU1\tCPU Affinity\x1b[0m"),
-              ElementsAre("GPU0", "GPU1", "CPU", "Affinity"));
+  EXPECT_THAT(smi_words("\t\x1b[4mGPU0\tGPU1\tCPU Affinity\x1b[0m"), ElementsAre("GPU0", "GPU1", "CPU", "Affinity"));
   EXPECT_THAT(smi_words("[4mGPU0  GPU1[0m"), ElementsAre("GPU0", "GPU1"));
   EXPECT_THAT(smi_words("GPU0\t X \tNV4\r"), ElementsAre("GPU0", "X", "NV4"));
 }

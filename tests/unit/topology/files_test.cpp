@@ -19,13 +19,13 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::AllOf;
 using ::testing::Contains;
-using ::testing::HasSubstr;
-using ::testing::Not;
-using ::testing::StartsWith;
 using testing::fixture;
 using testing::fixture_dir;
 using testing::fixture_files;
+using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::read;
+using ::testing::StartsWith;
 
 Topology load(const std::string& name) {
   auto topology = load_topology_file(fixture(name));
@@ -57,7 +57,6 @@ void expect_consistent(const Topology& t) {
   }
 }
 
-
 TEST(TopologyFixtures, EveryFixtureLoadsConsistently) {
   const std::vector<std::string> names = fixture_files();
   ASSERT_EQ(names.size(), 19u) << "fixtures missing from " << fixture_dir();
@@ -75,8 +74,8 @@ TEST(TopologyFixtures, FormatIsDetectedFromTheContent) {
   for (const std::string& name : fixture_files()) {
     SCOPED_TRACE(name);
     const TopologyFormat expected = name.find(".nccl-topo.xml") != std::string::npos ? TopologyFormat::kNcclXml
-                                    : name.find(".txt") != std::string::npos ? TopologyFormat::kNvidiaSmiText
-                                                                             : TopologyFormat::kHwlocXml;
+                                    : name.find(".txt") != std::string::npos         ? TopologyFormat::kNvidiaSmiText
+                                                                                     : TopologyFormat::kHwlocXml;
     EXPECT_EQ(detect_topology_format(read(fixture(name))), expected);
   }
   EXPECT_EQ(detect_topology_format(read(fixture("SOURCES.md"))), TopologyFormat::kUnknown);

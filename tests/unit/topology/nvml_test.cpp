@@ -2,13 +2,14 @@
 // stand-in fake_nvml.cpp that meson puts first on LD_LIBRARY_PATH (the
 // machines the tests run on have no NVIDIA driver). hwloc finds none of
 // these GPUs on this machine, so they come from NVML alone.
+#include "dew/nvml.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <string>
 
-#include "dew/nvml.h"
 #include "dew/topology.h"
 
 namespace dew::topology {
@@ -78,9 +79,8 @@ TEST_F(FakeNvml, ADriverThatIsNotLoadedIsANoteNotAnError) {
   setenv("FAKE_NVML_MODE", "nodriver", 1);
   auto topology = detect_topology();
   ASSERT_TRUE(topology.ok()) << topology.error().message;
-  EXPECT_THAT(topology.value().notes,
-              Contains("NVML unavailable (nvmlInit failed: Driver Not Loaded): "
-                       "no NVLink data: PCIe/NUMA classes only"));
+  EXPECT_THAT(topology.value().notes, Contains("NVML unavailable (nvmlInit failed: Driver Not Loaded): "
+                                               "no NVLink data: PCIe/NUMA classes only"));
 }
 
 }  // namespace

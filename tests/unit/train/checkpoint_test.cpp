@@ -1,5 +1,7 @@
 // The canonical order of the model's state (every layout's shards cover it
 // exactly once), the state file and manifest, and --drill's parsing.
+#include "checkpoint.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -7,7 +9,6 @@
 #include <fstream>
 
 #include "canonical.h"
-#include "checkpoint.h"
 #include "dew/train.h"
 #include "params.h"
 
@@ -92,8 +93,8 @@ TEST(Checkpoint, ManifestRoundTripAndResumeRules) {
   TempDirectory dir;
   WorkerOptions o;
   o.steps = 20;
-  Manifest m{10, "step-000010/state.bin", 123, "fp32", o.model, o.batch, o.seed, o.learning_rate, "fsdp=8",
-             std::vector<double>(10, 1.5)};
+  Manifest m{10,       "step-000010/state.bin",     123, "fp32", o.model, o.batch, o.seed, o.learning_rate,
+             "fsdp=8", std::vector<double>(10, 1.5)};
   ASSERT_TRUE(write_manifest(dir.path, m).ok());
   auto back = read_manifest(dir.path);
   ASSERT_TRUE(back.ok()) << back.error().message;
@@ -115,7 +116,8 @@ TEST(Checkpoint, ManifestRoundTripAndResumeRules) {
 
 TEST(Checkpoint, AManifestWithNumbersOutOfRangeIsAnError) {
   TempDirectory dir;
-  const std::string model = R"("model": {"vocab": 64, "width": 32, "layers": 2, "heads": 4, "kv_heads": 2, "mlp": 64, "length": 16})";
+  const std::string model =
+      R"("model": {"vocab": 64, "width": 32, "layers": 2, "heads": 4, "kv_heads": 2, "mlp": 64, "length": 16})";
   for (const std::string step : {"1e23", "-3", "\"ten\"", "99999999999999999999999"}) {
     SCOPED_TRACE(step);
     std::ofstream(dir.path + "/manifest.json")

@@ -1,5 +1,7 @@
 // The worker's model on one device, checked against finite differences in
 // fp64: every parameter kind's gradient, the loss at the start, the data.
+#include "model.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -7,7 +9,6 @@
 
 #include "data.h"
 #include "dew/attention.h"
-#include "model.h"
 #include "ops.h"
 #include "params.h"
 
@@ -17,7 +18,8 @@ namespace {
 // One device, the whole sequence: attention on the spot, no tensor axis.
 class Local final : public Collectives<double> {
  public:
-  Local(int batch, int heads, int kv_heads, int length, int head) : dims_{batch, heads, kv_heads, length, length, head} {}
+  Local(int batch, int heads, int kv_heads, int length, int head)
+      : dims_{batch, heads, kv_heads, length, length, head} {}
   Result<Done> tensor_sum(std::span<double>) override { return Done{}; }
   Result<Done> attention_forward(const AttentionTensors<double>& in, double* out, double* lse) override {
     auto r = attention::forward<double>(inputs(in), out, lse);
@@ -60,7 +62,8 @@ SmallModel small() {
     for (const auto& spec : bucket) {
       // Gains away from 1, so that their gradients are not special.
       auto part = initial_part<double>(spec, 0, 1, 5);
-      if (spec.gain) for (std::size_t i = 0; i < part.size(); ++i) part[i] = 1 + 0.1 * double(i % 3);
+      if (spec.gain)
+        for (std::size_t i = 0; i < part.size(); ++i) part[i] = 1 + 0.1 * double(i % 3);
       flat.insert(flat.end(), part.begin(), part.end());
     }
     s.params.push_back(std::move(flat));
@@ -73,7 +76,8 @@ SmallModel small() {
 }
 
 // The loss and (into grads) its gradient.
-double loss_of(const SmallModel& s, const std::vector<std::vector<double>>& params, std::vector<std::vector<double>>* grads) {
+double loss_of(const SmallModel& s, const std::vector<std::vector<double>>& params,
+               std::vector<std::vector<double>>* grads) {
   const ModelConfig& m = s.options.model;
   Local local(2, m.heads, m.kv_heads, m.length, m.width / m.heads);
   std::vector<std::vector<double>> g;
