@@ -1,0 +1,131 @@
+// dew launch's supervisor (dew/supervisor.h) over real processes: each run
+// is a child process of the test (the supervisor blocks signals and reads
+// them from a signalfd) whose stdout and stderr go to files, supervising
+// `sh -c` commands: lines carry their rank, the first failure stops the
+// others and is the exit code, a process that ignores SIGTERM is killed
+// after the grace, and a pool's "a peer failed" names the peer it reported.
+#include "dew/supervisor.h"
+
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "dew/exit_status.h"
+#include "dew/log.h"
+#include "dew/process.h"
+
+namespace dew::launch {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+struct Supervised {
+  int exit_code = -1;
+  std::string out, err;
+  double seconds = 0;
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Supervises one `sh -c` command per rank, with `grace`, in a child process.
+Supervised supervise(const std::vector<std::string>& commands, std::chrono::milliseconds grace = 1s) {
+  char dir[] = "/tmp/dew-supervisor-test-XXXXXX";
+  if (mkdtemp(dir) == nullptr) return {};
+  const std::string out = std::string(dir) + "/out", err = std::string(dir) + "/err";
+  const auto start = Clock::now();
+  const pid_t child = fork();
+  if (child == 0) {
+    const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(o, 1);
+    dup2(e, 2);
+    set_log_prefix("dew launch: ");
+    Supervisor supervisor(grace);
+    for (std::size_t rank = 0; rank < commands.size(); ++rank) {
+      SpawnOptions options;
+      options.argv = {"/bin/sh", "-c", commands[rank]};
+      auto started = spawn(options);
+      if (!started.ok()) _exit(90);
+      Running running;
+      running.rank = static_cast<int>(rank);
+      running.host = "localhost";
+      running.io = started.value();
+      supervisor.add(std::move(running));
+    }
+    _exit(supervisor.run());
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  Supervised r;
+  r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = read_file(out);
+  r.err = read_file(err);
+  std::remove(out.c_str());
+  std::remove(err.c_str());
+  ::rmdir(dir);
+  return r;
+}
+
+TEST(Supervisor, EveryLineCarriesItsRankAndAllEndingWellIsZero) {
+  auto r = supervise({"echo zero; echo oops >&2", "echo one", "printf 'no newline'"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("[0] zero\n"));
+  EXPECT_THAT(r.out, HasSubstr("[1] one\n"));
+  EXPECT_THAT(r.out, HasSubstr("[2] no newline\n")) << "the last partial line is not lost";
+  EXPECT_THAT(r.err, HasSubstr("[0] oops\n"));
+  EXPECT_THAT(r.err, Not(HasSubstr("dew launch: rank")));
+}
+
+TEST(Supervisor, TheFirstFailureStopsTheOthersAndIsTheExitCode) {
+  auto r = supervise({"sleep 60", "sleep 0.2; exit 3", "sleep 60"});
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_LT(r.seconds, 10.0) << "the sleepers were stopped";
+  EXPECT_THAT(r.err, HasSubstr("dew launch: rank 1 on localhost ended with exit code 3; stopping the other processes"));
+  EXPECT_EQ(r.err.find("dew launch: rank 0"), std::string::npos) << "only the failure is named: " << r.err;
+}
+
+TEST(Supervisor, ASignalIsNamedAndIs128PlusIt) {
+  auto r = supervise({"sleep 60", "kill -9 $$"});
+  EXPECT_EQ(r.exit_code, 128 + 9) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("rank 1 on localhost ended with signal 9 (SIGKILL)"));
+}
+
+TEST(Supervisor, AProcessThatIgnoresSigtermIsKilledAfterTheGrace) {
+  auto r = supervise({"trap '' TERM; echo ready; while :; do sleep 0.05; done", "sleep 0.3; exit 5"}, 500ms);
+  EXPECT_EQ(r.exit_code, 5) << r.err;
+  EXPECT_GT(r.seconds, 0.7) << "the grace was given";
+  EXPECT_LT(r.seconds, 10.0) << "and SIGKILL followed it";
+}
+
+// A pool's peers end with kPeerFailedExitCode naming the process that
+// failed; the launcher names that process, not the peer, and never exits 75.
+TEST(Supervisor, APeersExit75NamesTheProcessItReported) {
+  const std::string peer =
+      "echo 'ending: process 1 failed: disk full' >&2; exit " + std::to_string(kPeerFailedExitCode);
+  auto r = supervise({peer, "sleep 60"});
+  EXPECT_NE(r.exit_code, kPeerFailedExitCode) << r.err;
+  EXPECT_NE(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("rank 1"));
+  EXPECT_LT(r.seconds, 10.0);
+}
+
+}  // namespace
+}  // namespace dew::launch
