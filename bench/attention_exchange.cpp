@@ -10,7 +10,7 @@
 // --backend nccl (built where /usr/local/cuda has NCCL) makes every rank an
 // NCCL rank on its own GPU (rank r on GPU r: N GPUs for N devices) instead of
 // a Gloo rank; the attention kernel still runs on the CPU, so the collectives
-// copy host <-> GPU around NCCL (runtime/comm/dew/nccl.h). This is the issue's
+// copy host <-> GPU around NCCL (comm/dew/nccl.h). This is the issue's
 // grid over NCCL (benchmark c).
 //
 // A run of an exchange is as many back-to-back calls as fill M milliseconds

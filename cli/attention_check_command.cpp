@@ -7,7 +7,7 @@
 // Each process owns --devices-per-process CPU devices, one thread each. The
 // mesh (--mesh, default every device on the sequence axis) is laid over
 // them; a device's sequence group talks over Gloo through
-// make_axis_communicator (runtime/comm), and a tensor axis splits the heads.
+// make_axis_communicator (axes/), and a tensor axis splits the heads.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>

@@ -1,6 +1,6 @@
 // `dew launch`: the edge. Gathers the facts (a free port from the first
 // host, each host's GPUs with --devices-per-process, a fresh secret, this
-// directory), asks runtime/launch for every process's environment and
+// directory), asks launch/ for every process's environment and
 // command, starts them (local ones directly, remote ones through ssh, or all
 // through srun with --slurm) and hands them to the supervisor
 // (launch_supervisor.cpp), which prefixes their output lines with the rank

@@ -1,5 +1,5 @@
 // Proof that a peer knows the pool secret, without sending it: HMAC-SHA-256
-// (libsodium) over a fresh nonce from the other side. Private to runtime/pool/.
+// (libsodium) over a fresh nonce from the other side. Private to pool/.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 // The TCP coordination service (hosted by process 0) and its client. Private
-// to runtime/pool/; Pool (pool.cpp) is the only user.
+// to pool/; Pool (pool.cpp) is the only user.
 #pragma once
 
 #include <chrono>

@@ -1,7 +1,7 @@
 // A joining process's way to the coordination service: connect and prove
 // both sides know the pool's secret, every phase bounded by the join's
 // deadline, saying every few seconds what it waits for. Private to
-// runtime/pool/ (coordination_client.cpp is the only user).
+// pool/ (coordination_client.cpp is the only user).
 #pragma once
 
 #include <asio.hpp>

@@ -1,5 +1,5 @@
 // The process-wide failure path, for parts of libdew that are not Pool
-// methods (StepWatchdog). Private to runtime/pool/.
+// methods (StepWatchdog). Private to pool/.
 #pragma once
 
 #include <string>

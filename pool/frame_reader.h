@@ -1,7 +1,7 @@
 // Reads whole frames from a blocking socket, for a process's connection to
 // the coordination service. A large frame (a gather's reply) is read item by
 // item straight into the strings it returns, so it is held once, not twice.
-// Private to runtime/pool/.
+// Private to pool/.
 #pragma once
 
 #include <cstddef>

@@ -1,7 +1,7 @@
 // What a joining process makes of the bytes the coordinator sends it during
 // the join: pure, so the join's every answer (a Dew service, a refusal, a
 // stranger on the port, another pool's service) is tested and fuzzed without
-// sockets. Private to runtime/pool/.
+// sockets. Private to pool/.
 #pragma once
 
 #include <cstddef>

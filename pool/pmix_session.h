@@ -1,5 +1,5 @@
 // The PMIx client: identity, all-gathers over fences, abort. Private to
-// runtime/pool/; the only file that includes <pmix.h> is pmix_session.cpp.
+// pool/; the only file that includes <pmix.h> is pmix_session.cpp.
 #pragma once
 
 #include <chrono>

@@ -1,6 +1,6 @@
 // Pool::State: what a joined pool holds, shared by pool.cpp (join and the
 // calls), failure.cpp (the process's failure path) and shared_directory.cpp.
-// Private to runtime/pool/.
+// Private to pool/.
 #pragma once
 
 #include <atomic>

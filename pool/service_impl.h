@@ -3,7 +3,7 @@
 // and requests (service_requests.cpp: keys, agreements, gathers, failures).
 // One Asio io_context on one thread owns all of it, so nothing here locks
 // except what other threads read (flush_failure, wait_until_others_left,
-// unconnected_ranks). Private to runtime/pool/.
+// unconnected_ranks). Private to pool/.
 #pragma once
 
 #include <array>

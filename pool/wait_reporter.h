@@ -1,6 +1,6 @@
 // Says every few seconds, at info level, what a join waits for, so a user
 // is never left with silence: at 5, 10, ... 30 s, then every 30 s.
-// Private to runtime/pool/.
+// Private to pool/.
 #pragma once
 
 #include <chrono>

@@ -1,5 +1,5 @@
 // The coordination service's wire format: pure encode/decode, no sockets.
-// Private to runtime/pool/ (the service, its client and the fuzz target use it).
+// Private to pool/ (the service, its client and the fuzz target use it).
 //
 // A frame is a 4-byte big-endian length L, then L bytes: one type byte and
 // zero or more items, each a 4-byte big-endian length and that many bytes.

@@ -1,6 +1,6 @@
 // The pure core every topology source feeds: where each GPU sits on PCIe,
 // which NVLink bundles leave it, and how those become the path classes and
-// bandwidth estimates of a Topology. Private to runtime/: the readers
+// bandwidth estimates of a Topology. Private to topology/: the readers
 // (hwloc, NCCL XML, nvidia-smi text, NVML) fill a Draft, assemble() does the
 // rest, so every source gets the same rules and the rules are testable
 // without hwloc or a GPU.

@@ -31,7 +31,7 @@
 
 namespace dew::attention {
 
-// The exchanges run over any communicator (runtime/comm: Gloo, NCCL).
+// The exchanges run over any communicator (comm/: Gloo, NCCL).
 using comm::Communicator;
 
 enum class Layout { kContiguous, kChunkPairs };

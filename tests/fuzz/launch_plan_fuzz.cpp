@@ -1,4 +1,4 @@
-// libFuzzer target for dew launch's pure core (runtime/launch/dew/launch_plan.h).
+// libFuzzer target for dew launch's pure core (launch/dew/launch_plan.h).
 //
 // Input: byte 0 picks the line splitter's limit (1-64) and the chunk size
 // (1-16) it is fed in; the rest is split at NUL bytes into words. Checked:

@@ -1,4 +1,4 @@
-// libFuzzer target for the topology loaders (runtime/topology/dew/topology.h): any bytes
+// libFuzzer target for the topology loaders (topology/dew/topology.h): any bytes
 // as a topology file, through format detection and the hwloc XML, NCCL XML
 // and nvidia-smi text readers, then assembly. A loaded topology must be
 // well-formed; an error must be one line naming the input. A violated

@@ -307,7 +307,7 @@ TEST(LaunchLocal, AMissingProgramIsReportedWithItsRank) {
   EXPECT_THAT(r.err, HasSubstr(": No such file or directory; stopping the other processes\n"));
 }
 
-// The runtime pool's worker (tests/unit/runtime/pool/pool_worker), when this build has
+// The runtime pool's worker (tests/unit/pool/pool_worker), when this build has
 // it: real pools, joined through the variables dew launch sets.
 std::string pool_worker() {
   const char* path = std::getenv("DEW_POOL_WORKER");

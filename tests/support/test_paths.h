@@ -14,7 +14,7 @@ inline std::string dew_exe() {
   return path != nullptr ? path : "dew";
 }
 
-// tests/unit/runtime/pool/pool_worker: joins a pool and plays a scenario.
+// tests/unit/pool/pool_worker: joins a pool and plays a scenario.
 inline std::string pool_worker() {
   const char* path = std::getenv("DEW_POOL_WORKER");
   return path != nullptr ? path : "pool_worker";

@@ -1,7 +1,7 @@
 // A stand-in libnvidia-ml.so.1 for topology_nvml_test: the machines the
 // tests run on have no NVIDIA driver, and this is how detect_topology()'s
 // dlopen path is exercised end to end. It implements only the calls
-// runtime/nvml.cpp resolves, with the ABI NVML documents.
+// topology/nvml.cpp resolves, with the ABI NVML documents.
 //
 // FAKE_NVML_MODE selects the machine:
 //   pairs   (default) 4 A100s, NVLink pairs (0,1) and (2,3) of 4 links each
