@@ -55,11 +55,14 @@ void add_private_dirs(ProcessSpec& p, const std::string& base) {
 }
 
 // The user's --env values, with the watchdog's flag added to XLA_FLAGS (the
-// user's own XLA_FLAGS kept, and its own watchdog value too).
+// user's own XLA_FLAGS kept, and its own watchdog value too), and the bound
+// as DEW_WATCHDOG for libdew and Python (unless --env gives one).
 void add_user_env(ProcessSpec& p, const std::vector<EnvVar>& env, const Watchdog& watchdog,
                   const std::optional<std::string>& inherited_xla_flags) {
   std::optional<std::string> xla_flags = inherited_xla_flags;
+  bool own_bound = false;
   for (const auto& [name, value] : env) {
+    own_bound = own_bound || name == "DEW_WATCHDOG";
     if (name == "XLA_FLAGS") {
       xla_flags = value;
     } else {
@@ -71,6 +74,7 @@ void add_user_env(ProcessSpec& p, const std::vector<EnvVar>& env, const Watchdog
   } else if (xla_flags && xla_flags != inherited_xla_flags) {
     p.env.emplace_back("XLA_FLAGS", *xla_flags);
   }
+  if (!own_bound) p.env.emplace_back("DEW_WATCHDOG", watchdog ? format_duration(*watchdog) : "off");
 }
 
 }  // namespace

@@ -81,6 +81,9 @@ Result<EnvPlan> plan_task_environment(const TaskFacts& facts, const PoolOptions&
 
   const Watchdog watchdog = options.watchdog ? *options.watchdog : config.watchdog;
   if (auto flags = merge_xla_flags(facts.xla_flags, watchdog)) set("XLA_FLAGS", *flags);
+  // The same bound for libdew's StepWatchdog, dew worker and Python
+  // (chosen_watchdog reads it), not only for XLA.
+  set("DEW_WATCHDOG", watchdog ? format_duration(*watchdog) : "off");
   return plan;
 }
 

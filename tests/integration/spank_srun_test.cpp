@@ -26,7 +26,7 @@ using namespace std::chrono_literals;
 const std::vector<std::string> kDewVariables = {
     "DEW_PROCESS_ID",          "DEW_PROCESS_COUNT", "DEW_LOCAL_PROCESS_ID",
     "DEW_LOCAL_PROCESS_COUNT", "DEW_NODE_ID",       "DEW_COORDINATOR_ADDRESS",
-    "JAX_COORDINATOR_ADDRESS", "DEW_POOL_SECRET",   "JAX_LOCAL_DEVICE_IDS"};
+    "JAX_COORDINATOR_ADDRESS", "DEW_POOL_SECRET",   "JAX_LOCAL_DEVICE_IDS", "DEW_WATCHDOG"};
 
 TEST(SrunDewPool, EveryTaskOfTwoNodesGetsItsIdentityAndOneCoordinator) {
   auto tasks = srun_task_environments({"--dew-pool", "-N2", "-n4"});
@@ -265,6 +265,7 @@ TEST(SrunDewPool, XlaFlagsAlreadyHoldingTheWatchdogAreKept) {
   tasks = task_environments(r.out);
   ASSERT_EQ(tasks.size(), 2u) << describe(r);
   EXPECT_EQ(tasks[1]["XLA_FLAGS"], "--xla_dump_to=/tmp/d --xla_gpu_execution_terminate_timeout=45m");
+  EXPECT_EQ(tasks[1]["DEW_WATCHDOG"], "45m") << "the bound reaches libdew and Python too";
 
   r = cluster().srun({"--dew-pool", "--dew-watchdog=off", "-N1", "-n2", "-l", "env"}, {}, 30s);
   tasks = task_environments(r.out);

@@ -128,6 +128,17 @@ TEST(WorkerSlurm, AStalledRankIsNamedByTheWatchdogAndByThePatience) {
   EXPECT_THAT(in_step.err, HasSubstr("[2] error: step 3: device 4 stalled outside any collective"));
   EXPECT_EQ(occurrences(in_step.err, "dew: rank 2 ended with exit code 124"), 1) << describe(in_step);
   EXPECT_EQ(occurrences(in_step.err, "] error: "), 1) << "only the stalled rank fails: " << describe(in_step);
+  // The plugin's --dew-watchdog reaches the worker's StepWatchdog (DEW_WATCHDOG),
+  // not only XLA_FLAGS.
+  std::vector<std::string> from_plugin =
+      srun_args(kDewPool, worker_args(dir / "w.json", {"--drill", "stall-in-step@1:3"}));
+  from_plugin.insert(from_plugin.begin(), "--dew-watchdog=2s");
+  auto plugin_bound = cluster().srun(from_plugin, {}, 60s);
+  EXPECT_NE(plugin_bound.exit_code, 0) << describe(plugin_bound);
+  EXPECT_LT(plugin_bound.seconds, 30.0) << "the 2 s bound, not the default 30 minutes";
+  EXPECT_THAT(plugin_bound.err, HasSubstr("[1] error: step 3: device "));
+  EXPECT_THAT(plugin_bound.err, HasSubstr("past the step bound of 2.0 s"));
+  EXPECT_EQ(occurrences(plugin_bound.err, "dew: rank 1 ended with exit code 124"), 1) << describe(plugin_bound);
   auto before_agreement = cluster().srun(
       srun_args(kDewPool, worker_args(dir / "y.json", {"--drill", "stall-before-checkpoint@1:2", "--checkpoint-dir",
                                                        dir / "ck", "--checkpoint-every", "2"})),

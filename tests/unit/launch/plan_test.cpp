@@ -342,7 +342,8 @@ TEST(DryRun, OneLinePerProcessThatPastesIntoBash) {
             "DEW_LOCAL_PROCESS_COUNT=1 DEW_COORDINATOR_ADDRESS=me:41234 JAX_COORDINATOR_ADDRESS=me:41234 "
             "DEW_POOL_SECRET=" +
                 std::string(64, 'a') +
-                " DEW_LINES_PREFIXED=1 $'V=a\\nb' XLA_FLAGS=--xla_gpu_execution_terminate_timeout=30m /bin/echo 'x y'");
+                " DEW_LINES_PREFIXED=1 $'V=a\\nb' XLA_FLAGS=--xla_gpu_execution_terminate_timeout=30m DEW_WATCHDOG=30m "
+                "/bin/echo 'x y'");
   const std::string remote = dry_run_line(plan.processes[1]);
   EXPECT_THAT(remote, StartsWith("1 n1: ssh -o BatchMode=yes -- n1 $'sh -c \\'IFS= read -r DEW_POOL_SECRET"));
   EXPECT_EQ(remote.find('\n'), std::string::npos);
@@ -357,8 +358,11 @@ TEST(LaunchPlan, TheWatchdogGoesIntoXlaFlagsAsThePluginPutsIt) {
   auto o = options_with({"/bin/true"});
   auto f = facts();
   EXPECT_EQ(env_map(planned(o, {}, f).processes[0])["XLA_FLAGS"], "--xla_gpu_execution_terminate_timeout=30m");
+  EXPECT_EQ(env_map(planned(o, {}, f).processes[0])["DEW_WATCHDOG"], "30m") << "for libdew and Python too";
   o.watchdog = Watchdog(std::chrono::seconds(5400));
   EXPECT_EQ(env_map(planned(o, {}, f).processes[0])["XLA_FLAGS"], "--xla_gpu_execution_terminate_timeout=1h30m");
+  EXPECT_EQ(env_map(planned(o, {}, f).processes[0])["DEW_WATCHDOG"], "1h30m");
+  EXPECT_EQ(env_map(planned(o, {{"DEW_WATCHDOG", "7s"}}, f).processes[0])["DEW_WATCHDOG"], "7s") << "--env wins";
   f.xla_flags = "--xla_dump_to=/d";
   EXPECT_EQ(env_map(planned(o, {}, f).processes[0])["XLA_FLAGS"],
             "--xla_dump_to=/d --xla_gpu_execution_terminate_timeout=1h30m");
@@ -368,6 +372,7 @@ TEST(LaunchPlan, TheWatchdogGoesIntoXlaFlagsAsThePluginPutsIt) {
   EXPECT_EQ(env_map(p)["XLA_FLAGS"], "--xla_gpu_execution_terminate_timeout=2m");
   o.watchdog = Watchdog(std::nullopt);
   EXPECT_EQ(env_map(planned(o, {}, f).processes[0]).count("XLA_FLAGS"), 0u) << "off: the inherited value is inherited";
+  EXPECT_EQ(env_map(planned(o, {}, f).processes[0])["DEW_WATCHDOG"], "off");
 }
 
 }  // namespace

@@ -74,6 +74,7 @@ TEST(PlanTaskEnvironment, OptionsOverridePlugstackDefaults) {
   auto env = env_of(plan_task_environment(facts, options, config));
   EXPECT_EQ(env["DEW_COORDINATOR_ADDRESS"], "head.example:31337");
   EXPECT_EQ(env.count("XLA_FLAGS"), 0u);
+  EXPECT_EQ(env["DEW_WATCHDOG"], "off") << "libdew and Python hear it too";
   EXPECT_EQ(env["CUDA_VISIBLE_DEVICES"], "1");
   EXPECT_EQ(env["JAX_LOCAL_DEVICE_IDS"], "0");
 }
