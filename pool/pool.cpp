@@ -351,7 +351,11 @@ void Pool::agree(const std::string& name, std::chrono::milliseconds patience) {
   }
 }
 
-void Pool::fail(const std::string& error, int exit_code) { state_->fail(error, exit_code); }
+// A failed process never exits 0 (a launcher would count it a success) nor
+// outside 1..255: those become 1.
+void Pool::fail(const std::string& error, int exit_code) {
+  state_->fail(error, exit_code >= 1 && exit_code <= 255 ? exit_code : 1);
+}
 
 void Pool::leave() {
   State& s = *state_;

@@ -76,17 +76,23 @@ StepWatchdog::~StepWatchdog() {
 std::optional<std::chrono::milliseconds> StepWatchdog::bound() const { return state_->bound; }
 
 StepWatchdog::Step StepWatchdog::step() {
+  begin_step();
+  return Step(*this);
+}
+
+void StepWatchdog::begin_step() {
   std::lock_guard lock(state_->mutex);
   state_->started = std::chrono::steady_clock::now();
   ++state_->steps;
   state_->changed.notify_all();
-  return Step(*this);
 }
 
-StepWatchdog::Step::~Step() {
-  std::lock_guard lock(owner_.state_->mutex);
-  owner_.state_->started.reset();
-  owner_.state_->changed.notify_all();
+void StepWatchdog::end_step() {
+  std::lock_guard lock(state_->mutex);
+  state_->started.reset();
+  state_->changed.notify_all();
 }
+
+StepWatchdog::Step::~Step() { owner_.end_step(); }
 
 }  // namespace dew::runtime

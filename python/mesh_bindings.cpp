@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <variant>
@@ -38,6 +39,34 @@ mesh::MeshSpec spec_of(const py::object& spec) {
                        "such as {'fsdp': 2, 'replicas': 2}");
 }
 
+// A graph of exactly `ids` (one process, one granule, equal links).
+mesh::DeviceGraph listed_devices(const std::vector<int>& ids) {
+  std::vector<int> sorted = ids;
+  std::sort(sorted.begin(), sorted.end());
+  sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
+  if (sorted.empty() || sorted.front() < 0 || sorted.size() > 4096) {
+    throw py::value_error("devices=" + py::repr(py::cast(ids)).cast<std::string>() +
+                          " is not allowed; allowed: 1 to 4096 device ids, each a whole number >= 0");
+  }
+  mesh::DeviceGraph graph;
+  for (const int id : sorted) graph.devices.push_back({id, 0, "cpu"});
+  graph.bandwidth = mesh::bandwidth_matrix(static_cast<int>(sorted.size()), [](int, int) { return 1.0; });
+  return graph;
+}
+
+// MeshSpec(spec) or MeshSpec(fsdp=8, replicas=2), as the design page writes it.
+mesh::MeshSpec spec_of_call(const py::object& spec, const py::kwargs& sizes) {
+  if (!spec.is_none() && !sizes.empty()) {
+    throw py::type_error("MeshSpec takes a spec or axis sizes as keywords (fsdp=8, replicas=2), not both");
+  }
+  if (spec.is_none()) {
+    py::dict given;
+    for (const auto& [name, size] : sizes) given[name] = size;
+    return spec_of(given);
+  }
+  return spec_of(spec);
+}
+
 py::tuple build_mesh(const py::object& spec, std::optional<int> processes, std::optional<int> devices_per_process,
                      const py::object& topology, std::optional<std::vector<int>> devices) {
   const mesh::MeshSpec parsed = spec_of(spec);
@@ -57,6 +86,10 @@ py::tuple build_mesh(const py::object& spec, std::optional<int> processes, std::
     } else {
       graph = value_or_raise(axes::files_device_graph(files));
     }
+  } else if (devices && !processes && !devices_per_process) {
+    // The design page's build_mesh(spec, devices): the listed devices alone,
+    // on one machine with equal links, filled in the order given.
+    graph = listed_devices(*devices);
   } else {
     const int p = processes.value_or(1), d = devices_per_process.value_or(1);
     if (p < 1 || d < 1 || p > 4096 / d) {
@@ -96,8 +129,9 @@ py::tuple choose_exchange(int heads, int kv_heads, long long length, int sequenc
 
 void bind_mesh(py::module_& m) {
   py::class_<mesh::MeshSpec>(m, "MeshSpec", "Axis sizes and replicas, as `dew mesh --spec` takes them.")
-      .def(py::init([](const py::object& spec) { return spec_of(spec); }), py::arg("spec"),
-           "From 'fsdp=2,replicas=2', '{\"fsdp\": 2}' or a dict; a bad spec raises ValueError naming it.")
+      .def(py::init(&spec_of_call), py::arg("spec") = py::none(),
+           "From keywords (fsdp=8, replicas=2), 'fsdp=2,replicas=2', '{\"fsdp\": 2}' or a dict; a bad spec raises "
+           "ValueError naming it.")
       .def_property_readonly("replicas", [](const mesh::MeshSpec& s) { return s.replicas; })
       .def_property_readonly(
           "sizes",

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "bindings.h"
+#include "dew/exit_status.h"
 #include "dew/pool.h"
 #include "dew/text.h"
 #include "dew/topology.h"
@@ -125,23 +126,77 @@ T guarded(std::function<T()> work) {
   });
 }
 
+// JAX_LOCAL_DEVICE_IDS as a list, or nullopt when unset.
+std::optional<std::vector<int>> local_device_ids() {
+  const char* ids = std::getenv("JAX_LOCAL_DEVICE_IDS");
+  if (!ids || !*ids) return std::nullopt;
+  auto local = parse_index_list(ids);
+  if (!local) throw py::value_error(std::string("JAX_LOCAL_DEVICE_IDS='") + ids + "' is not a list of indices");
+  return *local;
+}
+
 py::dict jax_distributed_kwargs(const runtime::Pool& pool) {
   py::dict kwargs;
   const runtime::Identity& id = pool.identity();
   if (id.coordinator) kwargs["coordinator_address"] = id.coordinator->text();
   kwargs["num_processes"] = id.size;
   kwargs["process_id"] = id.rank;
-  if (const char* ids = std::getenv("JAX_LOCAL_DEVICE_IDS"); ids && *ids) {
-    auto local = parse_index_list(ids);
-    if (!local) throw py::value_error(std::string("JAX_LOCAL_DEVICE_IDS='") + ids + "' is not a list of indices");
-    kwargs["local_device_ids"] = *local;
-  }
+  if (auto local = local_device_ids()) kwargs["local_device_ids"] = *local;
   return kwargs;
 }
 
 }  // namespace
 
+// One step of a StepWatchdog as Python's `with` sees it.
+struct WatchedStep {
+  runtime::StepWatchdog* watchdog;
+};
+
+std::unique_ptr<runtime::StepWatchdog> make_step_watchdog(std::optional<double> seconds) {
+  std::optional<std::chrono::milliseconds> bound;
+  if (seconds) {
+    if (!(*seconds > 0)) {
+      throw py::value_error("seconds=" + py::repr(py::float_(*seconds)).cast<std::string>() +
+                            " is not allowed; allowed: more than 0 seconds (None: DEW_WATCHDOG, else 30 minutes)");
+    }
+    bound = millis_of(*seconds, "seconds");
+  }
+  try {
+    return std::make_unique<runtime::StepWatchdog>(bound);
+  } catch (const runtime::PoolError& e) {  // a bad DEW_WATCHDOG
+    throw py::value_error(e.what());
+  }
+}
+
+void bind_step_watchdog(py::module_& m) {
+  py::class_<WatchedStep>(m, "_WatchedStep", "One step of a StepWatchdog (a context manager).")
+      .def("__enter__", [](WatchedStep& s) { s.watchdog->begin_step(); })
+      .def("__exit__", [](WatchedStep& s, const py::args&) {
+        s.watchdog->end_step();
+        return false;
+      });
+  py::class_<runtime::StepWatchdog>(
+      m, "StepWatchdog",
+      "Ends this process (exit 124, naming its rank and the step) when one step runs longer than its bound, even "
+      "when the step is stuck in a read or in C code; the launcher or srun's plugin then ends the rest of the pool. "
+      "`with watchdog.step(): ...` is one step.")
+      .def(py::init(&make_step_watchdog), py::arg("seconds") = py::none(),
+           "seconds: the bound; None takes DEW_WATCHDOG (srun --dew-watchdog, plugstack watchdog=, dew launch "
+           "--watchdog), else 30 minutes.")
+      .def_property_readonly(
+          "bound",
+          [](const runtime::StepWatchdog& w) -> std::optional<double> {
+            if (auto bound = w.bound()) return std::chrono::duration<double>(*bound).count();
+            return std::nullopt;
+          },
+          "The bound in seconds, or None when it is off.")
+      .def(
+          "step", [](runtime::StepWatchdog& w) { return WatchedStep{&w}; }, py::keep_alive<0, 1>(),
+          "A context manager: the time inside it is one step.");
+}
+
 void bind_pool(py::module_& m) {
+  bind_step_watchdog(m);
   py::class_<runtime::Pool>(m, "Pool", "This process's pool (from dew.prepare_process()).")
       .def_property_readonly("rank", &runtime::Pool::rank, "This process's rank, 0..size-1.")
       .def_property_readonly("size", &runtime::Pool::size, "The number of processes.")
@@ -207,9 +262,22 @@ void bind_pool(py::module_& m) {
           },
           "A hash of every process's accelerator fingerprint, or None (with a line naming who differs).")
       .def(
-          "fail", [](runtime::Pool& p, const std::string& message, int code) { p.fail(message, code); },
+          "fail",
+          [](runtime::Pool& p, const std::string& message, int code) {
+            if (code < 1 || code > 255 || code == kPeerFailedExitCode) {
+              throw py::value_error(
+                  "code=" + std::to_string(code) +
+                  " is not allowed; allowed: 1 to 255 except 75 (a failed pool never ends with 0, and "
+                  "75 says a peer failed)");
+            }
+            p.fail(message, code);
+          },
           py::arg("message"), py::arg("code") = 1,
           "Prints message once, publishes it to every peer and ends this process with code.")
+      .def_property_readonly(
+          "local_device_ids", [](const runtime::Pool&) { return local_device_ids(); },
+          "This task's accelerators as JAX numbers them (JAX_LOCAL_DEVICE_IDS, which srun --dew-pool and dew launch "
+          "--devices-per-process set), or None when nothing bound them.")
       .def("jax_distributed_kwargs", &jax_distributed_kwargs,
            "coordinator_address, num_processes, process_id (and local_device_ids when JAX_LOCAL_DEVICE_IDS is "
            "set): jax.distributed.initialize(**pool.jax_distributed_kwargs()).");

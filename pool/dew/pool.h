@@ -210,6 +210,10 @@ class StepWatchdog {
     StepWatchdog& owner_;
   };
   [[nodiscard]] Step step();
+  // The same without a scope, for bindings whose steps are not C++ scopes
+  // (Python's `with`): begin_step() starts one, end_step() ends it.
+  void begin_step();
+  void end_step();
   std::optional<std::chrono::milliseconds> bound() const;
 
  private:

@@ -5,6 +5,8 @@
     pool_script.py raise RANK      RANK's data loader raises after the first agreement
     pool_script.py sleep RANK      RANK raises; the others sleep in time.sleep (C code)
     pool_script.py agree RANK      RANK raises; the others wait in an agreement
+    pool_script.py stall RANK      steps under dew.StepWatchdog() (the launcher's bound); RANK's third
+                                   step blocks in a read that never returns
 """
 import json
 import os
@@ -34,6 +36,15 @@ def main():
         pool.agree("end")
         return
     failing = int(sys.argv[2])
+    if mode == "stall":
+        watchdog = dew.StepWatchdog()
+        never, _ = os.pipe()
+        for step in range(1, 6):
+            with watchdog.step():  # this rank's own work; the agreement waits for the others
+                if pool.rank == failing and step == 3:
+                    os.read(never, 1)
+            pool.agree(f"step {step}")
+        return
     if pool.rank == failing:
         time.sleep(0.3)
         load_batch(pool.rank)

@@ -131,6 +131,17 @@ class Pools(unittest.TestCase):
             self.assertEqual(r["kwargs"]["local_device_ids"], [0, 1])
             self.assertEqual(r["kwargs"], json.loads(env.stdout)["jax_distributed_initialize"])
 
+    def test_a_rank_stuck_in_a_read_past_the_launchers_bound_is_named_and_the_pool_ends(self):
+        # dew launch --watchdog reaches dew.StepWatchdog() through DEW_WATCHDOG.
+        start = time.monotonic()
+        done = subprocess.run([DEW, "launch", "--processes-per-host", "3", "--watchdog", "2s", "--",
+                               sys.executable, SCRIPT, "stall", "1"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(done.returncode, 124, done.stderr)
+        self.assertLess(time.monotonic() - start, 15, "the 2 s bound, not the default 30 minutes")
+        self.assertEqual(done.stderr.count("[1] error: step 3 ran longer than its bound of 2s (StepWatchdog, DEW_WATCHDOG)"),
+                         1, done.stderr)
+        self.assertIn("dew launch: rank 1 on localhost ended with exit code 124", done.stderr)
+
     def test_a_rank_that_raises_ends_the_pool_named_once_with_its_traceback(self):
         for mode in ("raise", "sleep", "agree"):
             with self.subTest(mode=mode):
@@ -167,6 +178,72 @@ class Pools(unittest.TestCase):
                 self.assertEqual(codes, [75, 75, 1, 75], errors)
                 for peer in (0, 1, 3):
                     self.assertIn("ending: process 2 failed: uncaught exception: RuntimeError", errors[peer])
+
+
+class DesignPageApi(unittest.TestCase):
+    """The design page's spelling of the API (issue 25)."""
+
+    def test_mesh_spec_takes_axis_sizes_as_keywords(self):
+        spec = dew.MeshSpec(fsdp=8, replicas=2)
+        self.assertEqual(str(spec), str(dew.MeshSpec("fsdp=8,replicas=2")))
+        self.assertEqual(spec.replicas, 2)
+        self.assertEqual(spec.sizes, {"fsdp": 8})
+        with self.assertRaisesRegex(TypeError, "not both"):
+            dew.MeshSpec("fsdp=2", fsdp=2)
+        with self.assertRaisesRegex(ValueError, "bogus"):
+            dew.MeshSpec(bogus=2)
+
+    def test_build_mesh_fills_the_listed_devices_in_their_order(self):
+        # NVLink pairs 0-1 and 2-3: [0, 2, 1, 3] puts a two-way tensor axis across the pairs.
+        ids, names = dew.build_mesh(dew.MeshSpec(fsdp=2, tensor=2), devices=[0, 2, 1, 3])
+        tensor = names.index("tensor")
+        groups = sorted(sorted(g) for g in np.moveaxis(ids, tensor, -1).reshape(-1, 2).tolist())
+        self.assertEqual(groups, [[0, 2], [1, 3]])
+        self.assertEqual(ids.reshape(-1).tolist(), [0, 2, 1, 3])
+        with self.assertRaisesRegex(ValueError, "devices="):
+            dew.build_mesh("fsdp=1", devices=[-1])
+
+    def test_a_step_watchdog_bound_and_its_errors(self):
+        self.assertEqual(dew.StepWatchdog(0.5).bound, 0.5)
+        code = "import dew; w = dew.StepWatchdog(); print(w.bound)"
+        for value, printed in ((None, "1800.0"), ("90s", "90.0"), ("off", "None")):
+            env = dict(os.environ)
+            env.pop("DEW_WATCHDOG", None)
+            if value:
+                env["DEW_WATCHDOG"] = value
+            done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=30)
+            self.assertEqual(done.stdout.strip(), printed, done.stderr)
+        with self.assertRaisesRegex(ValueError, "seconds=0.0 is not allowed"):
+            dew.StepWatchdog(0)
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30,
+                              env=dict(os.environ, DEW_WATCHDOG="soon"))
+        self.assertIn("DEW_WATCHDOG: 'soon' is not allowed", done.stderr)
+
+    def test_a_step_that_overruns_ends_the_process_naming_it(self):
+        code = ("import dew, time\nw = dew.StepWatchdog(0.3)\n"
+                "with w.step(): time.sleep(0.05)\nwith w.step(): time.sleep(30)\n")
+        start = time.monotonic()
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30,
+                              env=dict(os.environ, DEW_PROCESS_ID="3", DEW_PROCESS_COUNT="4"))
+        self.assertEqual(done.returncode, 124, done.stderr)
+        self.assertLess(time.monotonic() - start, 10)
+        self.assertIn("[3] error: step 2 ran longer than its bound of 300 ms (StepWatchdog, DEW_WATCHDOG)", done.stderr)
+
+    def test_fail_never_ends_a_pool_with_0_or_75_and_local_device_ids(self):
+        code = ("import dew\npool = dew.prepare_process()\nprint(pool.local_device_ids)\n"
+                "for c in (0, 75, 256):\n"
+                "    try: pool.fail('x', c)\n"
+                "    except ValueError as e: print(e)\n")
+        env = dict(os.environ)
+        env.pop("JAX_LOCAL_DEVICE_IDS", None)
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=30)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        lines = done.stdout.splitlines()
+        self.assertEqual(lines[0], "None")
+        self.assertEqual(len([l for l in lines if "is not allowed; allowed: 1 to 255 except 75" in l]), 3, done.stdout)
+        env["JAX_LOCAL_DEVICE_IDS"] = "2,3"
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=30)
+        self.assertEqual(done.stdout.splitlines()[0], "[2, 3]", done.stderr)
 
 
 class Blocking(unittest.TestCase):
