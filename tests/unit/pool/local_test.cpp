@@ -68,6 +68,12 @@ TEST(LocalPool, FailExitsWithItsOwnCodeAndPeersWithTheDocumentedOne) {
   EXPECT_THAT(pool.ranks[0]->err(), HasSubstr("[0] ending: process 1 failed: data loader raised on rank 1"));
 }
 
+// A failed process never exits 0 (a launcher would count it a success).
+TEST(LocalPool, FailWithCodeZeroStillFails) {
+  LocalPool pool(2, {"fail", "1", "0"});
+  EXPECT_EQ(pool.wait_all(20s), std::vector<int>({75, 1})) << pool.describe();
+}
+
 TEST(LocalPool, AFatalSignalIsPublishedThenReRaised) {
   LocalPool pool(4, {"crash", "3"});
   EXPECT_EQ(pool.wait_all(20s), std::vector<int>({75, 75, 75, 128 + SIGSEGV})) << pool.describe();
