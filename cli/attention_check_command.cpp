@@ -97,7 +97,7 @@ int run(const CheckOptions& o) {
     return report(not_allowed("--exchange", o.exchanges, "both, auto, all-to-all, gather"));
   }
   auto joined = join_with_cpu_devices();
-  if (!joined.ok()) return report(joined.error());
+  if (!joined.ok()) return report(joined.error(), kJoinFailedExitCode);
   runtime::Pool& pool = joined.value();
   auto setup = prepare_check(o, pool.size(), pool.rank());
   if (!setup.ok()) return report(setup.error());

@@ -60,7 +60,7 @@ int run(const ParityArgs& a) {
                   2);
   }
   auto joined = join_with_cpu_devices();
-  if (!joined.ok()) return report(joined.error());
+  if (!joined.ok()) return report(joined.error(), kJoinFailedExitCode);
   runtime::Pool& pool = joined.value();
   if (a.devices % pool.size() != 0) {
     return report(invalid_argument("--devices " + std::to_string(a.devices) + " does not split over " +

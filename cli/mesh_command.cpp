@@ -129,7 +129,7 @@ void print_text(const mesh::Mesh& mesh, std::ostream& out) {
 // also every process's part (its devices and their positions), a line each.
 int run_pool(const mesh::MeshSpec& spec, const std::optional<std::vector<int>>& order, bool json) {
   auto joined = join_pool();
-  if (!joined.ok()) return report(joined.error());
+  if (!joined.ok()) return report(joined.error(), kJoinFailedExitCode);
   runtime::Pool* pool = &joined.value();
   auto graph = axes::pool_device_graph(*pool);
   if (!graph.ok()) return report(graph.error());

@@ -63,7 +63,7 @@ std::string groups_text(const std::vector<std::vector<int>>& groups) {
 int run(WorkerArgs& a) {
   if (auto resolved = resolve(a); !resolved.ok()) return report(resolved.error(), 2);
   auto joined = join_with_cpu_devices();
-  if (!joined.ok()) return report(joined.error());
+  if (!joined.ok()) return report(joined.error(), kJoinFailedExitCode);
   runtime::Pool& pool = joined.value();
   auto layout = train::plan_layout(a.options, pool.size());
   if (!layout.ok()) return report(layout.error(), 2);

@@ -15,6 +15,7 @@
 
 #include "bindings.h"
 #include "dew/exit_status.h"
+#include "dew/log.h"
 #include "dew/pool.h"
 #include "dew/text.h"
 #include "dew/topology.h"
@@ -94,6 +95,23 @@ void install_excepthooks() {
   });
 }
 
+// A join that failed raises dew.PoolError, which a script may catch; left
+// uncaught, it ends the process with kJoinFailedExitCode (69) as libdew's
+// join() does, so launchers tell "never joined" from "failed while running".
+void install_join_failure_hook(const std::string& message) {
+  py::module_ sys = py::module_::import("sys");
+  py::object previous = sys.attr("excepthook");
+  sys.attr("excepthook") = py::cpp_function([previous, message](py::handle type, py::handle value, py::handle tb) {
+    if (!value.is_none() && py::str(value).cast<std::string>() == message) {
+      py::module_::import("traceback").attr("print_exception")(type, value, tb);
+      log_error("error: cannot join the pool: " + message);
+      py::module_::import("sys").attr("stderr").attr("flush")();
+      std::_Exit(kJoinFailedExitCode);
+    }
+    previous(type, value, tb);
+  });
+}
+
 runtime::Pool& prepare_process(std::optional<bool> multi_host, std::optional<double> patience) {
   auto& pool = the_pool();
   if (pool) return *pool;
@@ -107,6 +125,7 @@ runtime::Pool& prepare_process(std::optional<bool> multi_host, std::optional<dou
   try {
     pool = std::make_unique<runtime::Pool>(interruptible<runtime::Pool>([options] { return runtime::join(options); }));
   } catch (const runtime::PoolError& e) {
+    install_join_failure_hook(e.what());
     throw_pool_error(e.code(), e.what());
   }
   install_excepthooks();

@@ -229,6 +229,19 @@ class DesignPageApi(unittest.TestCase):
         self.assertLess(time.monotonic() - start, 10)
         self.assertIn("[3] error: step 2 ran longer than its bound of 300 ms (StepWatchdog, DEW_WATCHDOG)", done.stderr)
 
+    def test_a_join_that_fails_exits_69_unless_the_script_catches_it(self):
+        env = dict(os.environ, DEW_PROCESS_ID="1", DEW_PROCESS_COUNT="2", DEW_COORDINATOR_ADDRESS="127.0.0.1:1",
+                   DEW_POOL_SECRET="abc")
+        done = subprocess.run([sys.executable, "-c", "import dew; dew.prepare_process()"], capture_output=True,
+                              text=True, env=env, timeout=30)
+        self.assertEqual(done.returncode, 69, done.stderr)
+        self.assertIn("error: cannot join the pool: DEW_POOL_SECRET has 3 characters", done.stderr)
+        caught = ("import dew\ntry: dew.prepare_process()\nexcept dew.PoolError as e: print('caught', e.code)\n"
+                  "raise RuntimeError('later')\n")
+        done = subprocess.run([sys.executable, "-c", caught], capture_output=True, text=True, env=env, timeout=30)
+        self.assertIn("caught invalid argument", done.stdout, done.stderr)
+        self.assertEqual(done.returncode, 1, "another exception ends it as Python does: " + done.stderr)
+
     def test_fail_never_ends_a_pool_with_0_or_75_and_local_device_ids(self):
         code = ("import dew\npool = dew.prepare_process()\nprint(pool.local_device_ids)\n"
                 "for c in (0, 75, 256):\n"

@@ -1,6 +1,7 @@
 // The dew command's answers to what users get wrong: an unknown command, a
 // launch without its command, a secret that is not one, a topology "file"
-// that never ends, a call too large to count in 64 bits.
+// that never ends, a call too large to count in 64 bits, a pool command
+// that cannot join.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -50,6 +51,22 @@ TEST(Usage, EnvSaysASecretThatIsNotOneIsNotUsable) {
   env["DEW_POOL_SECRET"] = std::string(64, 'c');
   r = dew({"env"}, env);
   EXPECT_THAT(r.out, HasSubstr("pool secret:  set (DEW_POOL_SECRET, 64 hex digits)")) << r.out;
+}
+
+// A pool command that cannot join exits 69, as libdew's join() does, so a
+// launcher or a script tells "never joined" from "failed while training".
+TEST(Usage, APoolCommandThatCannotJoinExits69) {
+  const std::map<std::string, std::string> env = {{"DEW_PROCESS_ID", "1"},
+                                                  {"DEW_PROCESS_COUNT", "2"},
+                                                  {"DEW_COORDINATOR_ADDRESS", "127.0.0.1:1"},
+                                                  {"DEW_POOL_SECRET", "abc"}};
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"worker", "--cache-dir", "off"}, std::vector<std::string>{"layout-parity"},
+        std::vector<std::string>{"mesh", "--spec", "fsdp=2", "--pool"}}) {
+    auto r = dew(args, env);
+    EXPECT_EQ(r.exit_code, 69) << args[0] << ": " << r.err;
+    EXPECT_THAT(r.err, HasSubstr("DEW_POOL_SECRET has 3 characters")) << args[0];
+  }
 }
 
 TEST(Usage, TopoOfAnEndlessDeviceStopsAtTheLimit) {
