@@ -357,6 +357,8 @@ void Pool::fail(const std::string& error, int exit_code) {
   state_->fail(error, exit_code >= 1 && exit_code <= 255 ? exit_code : 1);
 }
 
+void Pool::fail_for_late(const std::vector<int>& late, const std::string& error) { state_->fail_for_late(late, error); }
+
 void Pool::leave() {
   State& s = *state_;
   if (s.left) return;

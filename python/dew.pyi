@@ -9,8 +9,10 @@ from typing import ContextManager, Optional, Sequence, Union
 import numpy as np
 
 class PoolError(RuntimeError):
-    """A pool call failed; .code is the error's code ("timeout", "unavailable", ...)."""
+    """A pool call failed; .code is the error's code ("timeout", "unavailable", ...); .late_ranks the
+    processes an agreement waited for in vain (empty otherwise)."""
     code: str
+    late_ranks: list[int]
 
 class Pool:
     """This process's pool (from prepare_process())."""

@@ -2,6 +2,7 @@
 // scripts. pool_bindings.cpp: prepare_process and Pool; mesh_bindings.cpp:
 // MeshSpec, build_mesh, choose_exchange.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include "bindings.h"
 #include "dew/pool.h"
@@ -15,9 +16,10 @@ namespace {
 // interpreter may be gone when static destructors run).
 PyObject* g_pool_error = nullptr;
 
-void raise_pool_error(ErrorCode code, const std::string& message) {
+void raise_pool_error(ErrorCode code, const std::string& message, const std::vector<int>& late_ranks) {
   py::object error = py::reinterpret_borrow<py::object>(g_pool_error)(message);
   error.attr("code") = std::string(error_code_name(code));
+  error.attr("late_ranks") = late_ranks;
   PyErr_SetObject(g_pool_error, error.ptr());
 }
 
@@ -46,9 +48,9 @@ PYBIND11_MODULE(dew, m) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const PendingPoolError& e) {
-      raise_pool_error(e.code, e.message);
+      raise_pool_error(e.code, e.message, e.late_ranks);
     } catch (const dew::runtime::PoolError& e) {
-      raise_pool_error(e.code(), e.what());
+      raise_pool_error(e.code(), e.what(), e.late_ranks());
     }
   });
   bind_pool(m);

@@ -86,6 +86,11 @@ void install_excepthooks() {
     const std::string line =
         py::str(type.attr("__name__")).cast<std::string>() + ": " + py::str(value).cast<std::string>();
     auto& pool = the_pool();
+    // An agreement's patience ran out: the late processes are the failure,
+    // not this one that waited for them.
+    std::vector<int> late;
+    if (!value.is_none() && py::hasattr(value, "late_ranks")) late = value.attr("late_ranks").cast<std::vector<int>>();
+    if (pool && !late.empty()) pool->fail_for_late(late, "uncaught exception: " + one_line(line));
     if (pool) pool->fail("uncaught exception: " + one_line(line), 1);
     std::_Exit(1);
   };
@@ -140,7 +145,7 @@ T guarded(std::function<T()> work) {
       return work();
     } catch (const runtime::PoolError& e) {
       // Carried back to the calling thread, which holds the GIL.
-      throw PendingPoolError{e.code(), e.what()};
+      throw PendingPoolError{e.code(), e.what(), e.late_ranks()};
     }
   });
 }

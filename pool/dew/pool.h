@@ -159,6 +159,10 @@ class Pool {
   // Prints the error once, publishes it to every peer and exits with
   // exit_code at once.
   [[noreturn]] void fail(const std::string& error, int exit_code = 1);
+  // `error` came of waiting for the processes `late` (a PoolError's
+  // late_ranks()): the pool's failure names them, once, as an uncaught
+  // PoolError does in C++, and this process ends as a peer.
+  [[noreturn]] void fail_for_late(const std::vector<int>& late, const std::string& error);
 
   // Every process writes a token into `path` and reads everybody's: throws
   // PoolError naming who sees what when the directory is not one shared

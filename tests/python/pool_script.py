@@ -5,6 +5,7 @@
     pool_script.py raise RANK      RANK's data loader raises after the first agreement
     pool_script.py sleep RANK      RANK raises; the others sleep in time.sleep (C code)
     pool_script.py agree RANK      RANK raises; the others wait in an agreement
+    pool_script.py late RANK       RANK never comes to an agreement the others wait for with patience 1 s
     pool_script.py stall RANK      steps under dew.StepWatchdog() (the launcher's bound); RANK's third
                                    step blocks in a read that never returns
 """
@@ -36,6 +37,11 @@ def main():
         pool.agree("end")
         return
     failing = int(sys.argv[2])
+    if mode == "late":
+        if pool.rank == failing:
+            time.sleep(600)
+        pool.agree("late", patience=1)
+        return
     if mode == "stall":
         watchdog = dew.StepWatchdog()
         never, _ = os.pipe()

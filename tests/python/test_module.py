@@ -142,6 +142,15 @@ class Pools(unittest.TestCase):
                          1, done.stderr)
         self.assertIn("dew launch: rank 1 on localhost ended with exit code 124", done.stderr)
 
+    def test_a_patience_that_runs_out_names_the_late_rank_not_the_waiting_ones(self):
+        done, seconds = launch("late", "2")
+        self.assertNotIn(done.returncode, (0, 75), done.stderr)
+        self.assertLess(seconds, 15)
+        self.assertIn("process 2 never arrived", done.stderr)
+        self.assertIn("dew launch: rank 2 on localhost failed: its peers ended because", done.stderr)
+        for peer in (0, 1, 3):
+            self.assertIn(f"[{peer}] ending: process 2 failed", done.stderr)
+
     def test_a_rank_that_raises_ends_the_pool_named_once_with_its_traceback(self):
         for mode in ("raise", "sleep", "agree"):
             with self.subTest(mode=mode):
