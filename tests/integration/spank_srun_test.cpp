@@ -23,10 +23,16 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using namespace std::chrono_literals;
 
-const std::vector<std::string> kDewVariables = {
-    "DEW_PROCESS_ID",          "DEW_PROCESS_COUNT", "DEW_LOCAL_PROCESS_ID",
-    "DEW_LOCAL_PROCESS_COUNT", "DEW_NODE_ID",       "DEW_COORDINATOR_ADDRESS",
-    "JAX_COORDINATOR_ADDRESS", "DEW_POOL_SECRET",   "JAX_LOCAL_DEVICE_IDS", "DEW_WATCHDOG"};
+const std::vector<std::string> kDewVariables = {"DEW_PROCESS_ID",
+                                                "DEW_PROCESS_COUNT",
+                                                "DEW_LOCAL_PROCESS_ID",
+                                                "DEW_LOCAL_PROCESS_COUNT",
+                                                "DEW_NODE_ID",
+                                                "DEW_COORDINATOR_ADDRESS",
+                                                "JAX_COORDINATOR_ADDRESS",
+                                                "DEW_POOL_SECRET",
+                                                "JAX_LOCAL_DEVICE_IDS",
+                                                "DEW_WATCHDOG"};
 
 TEST(SrunDewPool, EveryTaskOfTwoNodesGetsItsIdentityAndOneCoordinator) {
   auto tasks = srun_task_environments({"--dew-pool", "-N2", "-n4"});
