@@ -171,6 +171,9 @@ int run_launch(LaunchArgs& args) {
   // A dry run shows a placeholder: a live secret is never printed.
   facts.secret = args.dry_run ? std::string(launch::kSecretPlaceholder) : secret.value();
   if (const char* flags = std::getenv("XLA_FLAGS")) facts.xla_flags = flags;
+  for (const char* name : launch::kForwardedToRemoteHosts) {
+    if (const char* value = std::getenv(name)) facts.forwarded.emplace_back(name, value);
+  }
   if (o.private_dirs) note_private_overrides();
   if (o.private_dirs) facts.private_root = launch::private_root_for(private_id.value());
   int held = -1;

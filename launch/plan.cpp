@@ -77,6 +77,15 @@ void add_user_env(ProcessSpec& p, const std::vector<EnvVar>& env, const Watchdog
   if (!own_bound) p.env.emplace_back("DEW_WATCHDOG", watchdog ? format_duration(*watchdog) : "off");
 }
 
+// A remote process gets the launcher's forwarded variables, unless --env
+// gives them (a local one inherits them anyway).
+void add_forwarded(ProcessSpec& p, const std::vector<EnvVar>& env, const std::vector<EnvVar>& forwarded) {
+  for (const auto& [name, value] : forwarded) {
+    const bool given = std::any_of(env.begin(), env.end(), [&](const EnvVar& v) { return v.first == name; });
+    if (!given) p.env.emplace_back(name, value);
+  }
+}
+
 }  // namespace
 
 bool is_shell_name(std::string_view name) {
@@ -243,6 +252,7 @@ Result<LaunchPlan> plan_launch(const LaunchOptions& options, const std::vector<E
       p.cwd = cwd;
       if (options.private_dirs) add_private_dirs(p, facts.private_root + "/" + std::to_string(p.rank));
       add_user_env(p, env, options.watchdog.value_or(kDefaultWatchdog), facts.xla_flags);
+      if (!p.local) add_forwarded(p, env, facts.forwarded);
       if (p.local) {
         p.argv = options.command;
       } else {

@@ -6,6 +6,7 @@
 // does that. Namespace dew::launch.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <map>
 #include <optional>
@@ -157,7 +158,15 @@ struct LaunchFacts {
   std::optional<std::string> xla_flags;
   // --devices-per-process: each host's GPUs, by host name as given.
   std::map<std::string, HostDevices> devices;
+  // What a remote process gets of the launcher's own environment, which an
+  // ssh command does not carry: kForwardedToRemoteHosts that are set.
+  std::vector<EnvVar> forwarded;
 };
+
+// The launcher's variables a remote process gets too (ssh carries none):
+// where Python finds modules such as `import dew`, and the virtualenv the
+// launch ran in (the interpreter is still given as an absolute path).
+inline constexpr std::array<const char*, 2> kForwardedToRemoteHosts = {"PYTHONPATH", "VIRTUAL_ENV"};
 
 // The environment and command of every process, rank by rank: host h's
 // local process l is rank h × processes_per_host + l. With

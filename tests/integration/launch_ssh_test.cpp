@@ -93,6 +93,17 @@ TempDir* SshLaunch::dir_ = nullptr;
 pid_t SshLaunch::sshd_pid_ = 0;
 int SshLaunch::port_ = 0;
 
+// ssh carries no environment: the launcher's PYTHONPATH (where `import dew`
+// is found) reaches the remote processes, so a rehearsal that passes on
+// localhost passes over ssh too.
+TEST_F(SshLaunch, RemoteProcessesGetTheLaunchersPythonPath) {
+  auto r = dew_launch({"--hosts", "node0", "node1", "--", "/bin/sh", "-c", "echo \"pythonpath=$PYTHONPATH\""},
+                      {{"DEW_LAUNCH_SSH_CONFIG", config()}, {"PYTHONPATH", "/opt/dew/python"}}, 60s);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_THAT(r.out, HasSubstr("[0] pythonpath=/opt/dew/python"));
+  EXPECT_THAT(r.out, HasSubstr("[1] pythonpath=/opt/dew/python"));
+}
+
 TEST_F(SshLaunch, TwoHostsOverSshGetTheirIdentities) {
   auto r = launch({"--hosts", "node0", "node1", "--processes-per-host", "2", "--", "/bin/sh", "-c", kPrintIdentity});
   ASSERT_EQ(r.exit_code, 0) << describe(r);

@@ -354,6 +354,23 @@ TEST(DryRun, OneLinePerProcessThatPastesIntoBash) {
   EXPECT_EQ(r.out, expected);
 }
 
+// ssh carries no environment: a remote process gets the launcher's
+// PYTHONPATH and VIRTUAL_ENV (a local one inherits them), unless --env says.
+TEST(LaunchPlan, RemoteProcessesGetTheLaunchersPythonPath) {
+  auto o = options_with({"/usr/bin/python3", "train.py"});
+  o.hosts = {"localhost", "n1"};
+  auto f = facts();
+  f.forwarded = {{"PYTHONPATH", "/opt/dew/build/python"}, {"VIRTUAL_ENV", "/opt/venv"}};
+  auto plan = planned(o, {}, f);
+  EXPECT_EQ(env_map(plan.processes[1])["PYTHONPATH"], "/opt/dew/build/python");
+  EXPECT_EQ(env_map(plan.processes[1])["VIRTUAL_ENV"], "/opt/venv");
+  EXPECT_EQ(env_map(plan.processes[0]).count("PYTHONPATH"), 0u) << "a local process inherits it";
+  auto given = planned(o, {{"PYTHONPATH", "/elsewhere"}}, f).processes[1];
+  EXPECT_EQ(std::count_if(given.env.begin(), given.env.end(), [](const EnvVar& v) { return v.first == "PYTHONPATH"; }),
+            1);
+  EXPECT_EQ(env_map(given)["PYTHONPATH"], "/elsewhere");
+}
+
 TEST(LaunchPlan, TheWatchdogGoesIntoXlaFlagsAsThePluginPutsIt) {
   auto o = options_with({"/bin/true"});
   auto f = facts();
