@@ -11,11 +11,18 @@ here=$(dirname "$0")
 seconds=${DEW_ALARM_SECONDS:-5}
 DEW_FUZZ_SECONDS=$seconds sh "$here/run_fuzzer.sh" "$@" &
 runner=$!
-# The runner execs timeout, which starts the fuzzer as its child.
+# The runner execs timeout, which starts the fuzzer as its child. Alarms
+# start once the fuzzer catches SIGALRM (libFuzzer installs its handler at
+# start; before that, SIGALRM's default action would kill it).
+catches_alarm() {
+  caught=$(sed -n 's/^SigCgt:[[:space:]]*//p' "/proc/$1/status" 2>/dev/null)
+  [ -n "$caught" ] && [ $((0x$caught & 0x2000)) -ne 0 ]
+}
 fuzzer=""
 tries=0
-while [ -z "$fuzzer" ] && [ $tries -lt 200 ]; do
-  fuzzer=$(pgrep -P "$runner" 2>/dev/null | head -n 1 || true)
+while [ $tries -lt 1000 ]; do
+  [ -z "$fuzzer" ] && fuzzer=$(pgrep -P "$runner" 2>/dev/null | head -n 1 || true)
+  if [ -n "$fuzzer" ] && catches_alarm "$fuzzer"; then break; fi
   tries=$((tries + 1))
   sleep 0.01
 done
