@@ -8,8 +8,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
 #include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
 
 #include "dew/failure_timings.h"
 #include "dew/log.h"
@@ -27,6 +32,38 @@ bool g_handlers_installed = false;
 // The message of the PoolError a failed join() threw (see guard_join_failure).
 std::string g_join_failure;
 std::unique_ptr<PmixSession> g_join_pmix;  // a failed join's PMIx session
+
+std::mutex g_before_exit_mutex;
+std::function<void()> g_before_exit;
+
+// Runs the program's hook on a thread of its own and waits for it at most
+// kBeforeExitBound: a hook stuck (a lock held by the thread that failed) must
+// not hold the process.
+void run_before_exit() {
+  std::function<void()> hook;
+  {
+    std::lock_guard lock(g_before_exit_mutex);
+    hook = std::exchange(g_before_exit, nullptr);
+  }
+  if (!hook) return;
+  struct Done {
+    std::mutex mutex;
+    std::condition_variable changed;
+    bool done = false;
+  };
+  auto done = std::make_shared<Done>();
+  std::thread([hook = std::move(hook), done] {
+    try {
+      hook();
+    } catch (...) {  // the process is ending: nothing to report it to
+    }
+    std::lock_guard lock(done->mutex);
+    done->done = true;
+    done->changed.notify_all();
+  }).detach();
+  std::unique_lock lock(done->mutex);
+  done->changed.wait_for(lock, timings::kBeforeExitBound, [&] { return done->done; });
+}
 
 [[noreturn]] void wait_for_the_end() {
   // Another thread is already ending the process.
@@ -125,6 +162,7 @@ void Pool::State::start_watch() {
 void Pool::State::end_for_peer(const PeerFailure& failed) {
   if (failing.load() || ending.exchange(true)) wait_for_the_end();
   log_error("ending: process " + std::to_string(failed.rank) + " failed: " + failed.message);
+  run_before_exit();
   // Process 0's service dies with it: let the failure reach everyone first.
   if (service) service->flush_failure(timings::kFailureFlush);
   std::fflush(nullptr);
@@ -140,9 +178,15 @@ void Pool::State::fail(const std::string& error, int exit_code) {
     // before the service dies with it.
     if (service) service->flush_failure(timings::kFailureFlush);
   }
+  run_before_exit();
   if (pmix) pmix->abort(exit_code, prefix() + error);
   std::fflush(nullptr);
   ::_exit(exit_code);
+}
+
+void set_before_exit(std::function<void()> flush) {
+  std::lock_guard lock(g_before_exit_mutex);
+  g_before_exit = std::move(flush);
 }
 
 // Every waiting process learns at about the same moment that the same

@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <future>
@@ -74,6 +75,30 @@ void add_xla_watchdog() {
   if (merged) environ["XLA_FLAGS"] = *merged;
 }
 
+// Nothing lost on fast failure: sys.stdout, sys.stderr and logging's
+// handlers reach their files before the process ends. Called with the GIL.
+std::atomic<bool> g_flushed{false};
+void flush_python_buffers() {
+  if (g_flushed.exchange(true)) return;
+  try {
+    py::module_ sys = py::module_::import("sys");
+    for (const char* stream : {"stdout", "stderr"}) {
+      py::object s = sys.attr(stream);
+      if (!s.is_none()) s.attr("flush")();
+    }
+    if (sys.attr("modules").contains("logging")) py::module_::import("logging").attr("shutdown")();
+  } catch (const py::error_already_set&) {  // a closed stream: what could be flushed was
+  }
+}
+
+// libdew runs this before the process ends for a peer's failure (on a thread
+// of its own, bounded): the GIL is taken as soon as Python gives it up.
+void flush_before_exit() {
+  if (g_flushed.load()) return;
+  py::gil_scoped_acquire gil;
+  flush_python_buffers();
+}
+
 // Fast failure: an uncaught exception (main thread or any thread) is printed
 // once with its traceback, published to the pool, and ends the process.
 void install_excepthooks() {
@@ -82,7 +107,7 @@ void install_excepthooks() {
   py::module_ traceback = py::module_::import("traceback");
   const auto fail_with = [traceback](py::handle type, py::handle value, py::handle tb) {
     traceback.attr("print_exception")(type, value, tb);
-    py::module_::import("sys").attr("stderr").attr("flush")();
+    flush_python_buffers();
     const std::string line =
         py::str(type.attr("__name__")).cast<std::string>() + ": " + py::str(value).cast<std::string>();
     auto& pool = the_pool();
@@ -134,6 +159,7 @@ runtime::Pool& prepare_process(std::optional<bool> multi_host, std::optional<dou
     throw_pool_error(e.code(), e.what());
   }
   install_excepthooks();
+  runtime::set_before_exit(flush_before_exit);
   return *pool;
 }
 
@@ -294,6 +320,7 @@ void bind_pool(py::module_& m) {
                   " is not allowed; allowed: 1 to 255 except 75 (a failed pool never ends with 0, and "
                   "75 says a peer failed)");
             }
+            flush_python_buffers();
             p.fail(message, code);
           },
           py::arg("message"), py::arg("code") = 1,

@@ -43,6 +43,11 @@ inline constexpr std::chrono::milliseconds kLateWordWait = 1s;
 // the peer that caused it is named, not the device that noticed.
 inline constexpr std::chrono::milliseconds kPeerNoticeGrace = 2s;
 
+// A process that ends for its own failure or a peer's gives the program's own
+// buffers (set_before_exit: Python's streams and logging handlers) this long
+// to reach their files; then it ends hard, so nothing can hold it longer.
+inline constexpr std::chrono::milliseconds kBeforeExitBound = 2s;
+
 // --- the SPANK plugin (spank/) --------------------------------------------
 // How it ends a step: SIGTERM to every task, SIGKILL this much later to any
 // that caught it.

@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -192,6 +193,13 @@ class Pool {
 // unless DEW_LINES_PREFIXED=1. Throws PoolError on contradictory variables
 // (kInvalidArgument) or when peers never come (kTimeout, kUnavailable).
 Pool join(JoinOptions options = {});
+
+// What a process runs before it ends for its own failure or a peer's (not
+// for a fatal signal): a program's own buffered output, such as Python's
+// sys.stdout and logging handlers. It runs on a thread of its own, given at
+// most timings::kBeforeExitBound, then the process ends anyway. One hook per
+// process; an empty function removes it.
+void set_before_exit(std::function<void()> flush);
 
 // Ends the process when one step runs longer than its bound. The bound is
 // DEW_WATCHDOG (the SPANK plugin's value: "30m", "90s", "2h", "off") or 30

@@ -5,6 +5,8 @@
     pool_script.py raise RANK      RANK's data loader raises after the first agreement
     pool_script.py sleep RANK      RANK raises; the others sleep in time.sleep (C code)
     pool_script.py agree RANK      RANK raises; the others wait in an agreement
+    pool_script.py unflushed RANK  every rank prints and logs (to DEW_TEST_DIR/log.RANK) without flushing;
+                                   RANK raises, the others sleep
     pool_script.py late RANK       RANK never comes to an agreement the others wait for with patience 1 s
     pool_script.py stall RANK      steps under dew.StepWatchdog() (the launcher's bound); RANK's third
                                    step blocks in a read that never returns
@@ -37,6 +39,16 @@ def main():
         pool.agree("end")
         return
     failing = int(sys.argv[2])
+    if mode == "unflushed":
+        import logging
+        logging.basicConfig(filename=os.path.join(os.environ["DEW_TEST_DIR"], f"log.{pool.rank}"),
+                            level=logging.INFO)
+        logging.info("logged by rank %d", pool.rank)
+        print(f"printed by rank {pool.rank}")  # stdout is a pipe: block-buffered, not flushed
+        pool.agree("written")
+        if pool.rank == failing:
+            load_batch(pool.rank)
+        time.sleep(600)
     if mode == "late":
         if pool.rank == failing:
             time.sleep(600)

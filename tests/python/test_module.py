@@ -151,6 +151,23 @@ class Pools(unittest.TestCase):
         for peer in (0, 1, 3):
             self.assertIn(f"[{peer}] ending: process 2 failed", done.stderr)
 
+    def test_nothing_buffered_is_lost_when_the_pool_fails_fast(self):
+        # The failing rank and every peer ended by its failure flush stdout and logging's handlers first.
+        import tempfile
+        with tempfile.TemporaryDirectory() as d:
+            env = dict(os.environ, DEW_TEST_DIR=d)
+            env.pop("PYTHONUNBUFFERED", None)  # stdout block-buffered, as a pipe makes it
+            start = time.monotonic()
+            done = subprocess.run([DEW, "launch", "--processes-per-host", "4", "--", sys.executable, SCRIPT,
+                                   "unflushed", "2"], capture_output=True, text=True, timeout=60, env=env)
+            seconds = time.monotonic() - start
+            self.assertEqual(done.returncode, 1, done.stderr)
+            self.assertLess(seconds, 10)
+            for rank in range(4):
+                self.assertIn(f"[{rank}] printed by rank {rank}", done.stdout, done.stderr)
+                with open(os.path.join(d, f"log.{rank}")) as log:
+                    self.assertIn(f"logged by rank {rank}", log.read())
+
     def test_a_rank_that_raises_ends_the_pool_named_once_with_its_traceback(self):
         for mode in ("raise", "sleep", "agree"):
             with self.subTest(mode=mode):
