@@ -9,6 +9,7 @@
 #include "commands.h"
 #include "dew/pool.h"
 #include "dew/text.h"
+#include "dew/watchdog.h"
 
 namespace dew::cli {
 namespace {
@@ -29,7 +30,23 @@ struct Report {
   std::string problem;                                  // why join() would refuse, or empty
   nlohmann::json jax = nlohmann::json::object();        // jax.distributed.initialize's arguments
   nlohmann::json variables = nlohmann::json::object();  // the variables a JAX script sees
+  bool grace_given = false;                             // DEW_FAILURE_GRACE_SECONDS is set
+  Watchdog watchdog;                                    // the step bound every process would use
+  bool watchdog_given = false;                          // from DEW_WATCHDOG, not the default
 };
+
+// The failure grace as it applies: dew worker and `import dew` end at once
+// on a peer's failure unless DEW_FAILURE_GRACE_SECONDS says otherwise.
+std::string grace_text(const Report& r, const std::string& grace) {
+  if (r.grace_given) return "failure grace " + grace + " (DEW_FAILURE_GRACE_SECONDS)";
+  return "failure grace " + grace + " for a libdew program; dew worker and import dew end at once";
+}
+
+std::string watchdog_text(const Report& r) {
+  const std::string value = r.watchdog ? format_duration(*r.watchdog) : "off";
+  return value + (r.watchdog_given ? " (DEW_WATCHDOG)" : " (the default; DEW_WATCHDOG is unset)") +
+         ": StepWatchdog, dew worker, dew.StepWatchdog() and XLA's execution watchdog";
+}
 
 std::string seconds(std::chrono::milliseconds duration) {
   return seconds_text(std::chrono::duration<double>(duration).count());
@@ -51,6 +68,12 @@ Result<Report> resolve(const EnvOptions& options) {
   Report r;
   r.id = id.value();
   r.settings = settings.value();
+  r.grace_given = env.count("DEW_FAILURE_GRACE_SECONDS") != 0;
+  const auto bound = env.find("DEW_WATCHDOG");
+  r.watchdog_given = bound != env.end();
+  auto watchdog = chosen_watchdog("", "", r.watchdog_given ? std::optional<std::string>(bound->second) : std::nullopt);
+  if (!watchdog.ok()) return watchdog.error();
+  r.watchdog = watchdog.value();
   const runtime::Identity& i = r.id;
   const bool pooled = i.size > 1 && i.source != runtime::PoolSource::kAlone;
   if (const auto secret = env.find("DEW_POOL_SECRET"); secret != env.end() && !secret->second.empty()) {
@@ -102,6 +125,10 @@ void print_json(const Report& r) {
       {"agreement_patience_seconds", r.settings.agreement_patience.count() / 1000.0},
       {"heartbeat_timeout_seconds", r.settings.heartbeat_timeout.count() / 1000.0},
       {"failure_grace_seconds", r.settings.failure_grace.count() / 1000.0},
+      {"failure_grace_seconds_dew_worker_and_python", r.grace_given ? r.settings.failure_grace.count() / 1000.0 : 0.0},
+      {"watchdog_seconds",
+       r.watchdog ? nlohmann::json(static_cast<double>(r.watchdog->count())) : nlohmann::json(nullptr)},
+      {"watchdog_from", r.watchdog_given ? "DEW_WATCHDOG" : "default"},
       {"jax_distributed_initialize", r.jax},
       {"variables", r.variables},
       {"problem", r.problem.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.problem)},
@@ -124,7 +151,8 @@ void print_text(const Report& r) {
                                            : "not usable: " + r.secret_problem)
             << "\n"
             << "patience:     agreements " << seconds(r.settings.agreement_patience) << ", heartbeats "
-            << seconds(r.settings.heartbeat_timeout) << ", failure grace " << seconds(r.settings.failure_grace) << "\n"
+            << seconds(r.settings.heartbeat_timeout) << ", " << grace_text(r, seconds(r.settings.failure_grace)) << "\n"
+            << "watchdog:     " << watchdog_text(r) << "\n"
             << "jax.distributed.initialize(" << (r.jax.empty() ? "): not called, one process alone" : "");
   if (!r.jax.empty()) {
     std::vector<std::string> args;

@@ -69,6 +69,21 @@ TEST(Usage, APoolCommandThatCannotJoinExits69) {
   }
 }
 
+// dew env tells the truth about the bounds a process here would use: the
+// watchdog from DEW_WATCHDOG (or the default) and the failure grace as dew
+// worker and Python apply it.
+TEST(Usage, EnvSaysTheWatchdogAndTheGraceAsTheyApply) {
+  auto r = dew({"env"}, {});
+  EXPECT_THAT(r.out, HasSubstr("watchdog:     30m (the default; DEW_WATCHDOG is unset)"));
+  EXPECT_THAT(r.out, HasSubstr("failure grace 60 s for a libdew program; dew worker and import dew end at once"));
+  r = dew({"env"}, {{"DEW_WATCHDOG", "2s"}, {"DEW_FAILURE_GRACE_SECONDS", "5"}});
+  EXPECT_THAT(r.out, HasSubstr("watchdog:     2s (DEW_WATCHDOG)"));
+  EXPECT_THAT(r.out, HasSubstr("failure grace 5 s (DEW_FAILURE_GRACE_SECONDS)"));
+  r = dew({"env"}, {{"DEW_WATCHDOG", "soon"}});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("DEW_WATCHDOG: 'soon' is not allowed"));
+}
+
 TEST(Usage, TopoOfAnEndlessDeviceStopsAtTheLimit) {
   auto r = dew({"topo", "--topology", "/dev/zero"});
   EXPECT_EQ(r.exit_code, 1);
