@@ -40,6 +40,17 @@ Result<std::vector<std::string>> node_tokens(const GpuBindingInput& input) {
 
 }  // namespace
 
+Result<std::optional<unsigned>> even_share(unsigned gpus, unsigned local_processes, const std::string& place) {
+  if (local_processes <= 1 || gpus == 0) return std::optional<unsigned>();
+  if (local_processes > gpus) {
+    return invalid_argument(std::to_string(local_processes) + " processes on " + place + " would share " +
+                            counted(gpus, "GPU") + "; allowed: at most " + std::to_string(gpus) +
+                            " processes per node, a devices-per-process value that fits, or off to let every " +
+                            "process see every GPU");
+  }
+  return std::optional<unsigned>(gpus / local_processes);
+}
+
 bool slurm_bound_gpus(const std::optional<std::string>& tres_bind, const std::optional<std::string>& gpus_per_task) {
   // --gpu-bind leaves "gpu:<how>" in SLURMD_TRES_BIND; --gpus-per-task binds
   // per task too (Slurm >= 21.08 implies --gpu-bind=per_task:N).

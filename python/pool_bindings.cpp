@@ -142,6 +142,22 @@ void install_join_failure_hook(const std::string& message) {
   });
 }
 
+// The launcher (or srun) stops the rest of a failed pool with SIGTERM, which
+// would end Python without flushing: unless the script handles SIGTERM
+// itself, it flushes and raises SystemExit(143) in the main thread, so
+// buffers, finally: blocks and atexit run (the launcher's grace bounds it).
+void handle_sigterm() {
+  py::module_ signal = py::module_::import("signal");
+  py::module_ threading = py::module_::import("threading");
+  if (!threading.attr("current_thread")().is(threading.attr("main_thread")())) return;  // only the main thread may
+  if (!signal.attr("getsignal")(signal.attr("SIGTERM")).is(signal.attr("SIG_DFL"))) return;
+  signal.attr("signal")(signal.attr("SIGTERM"), py::cpp_function([](int signum, const py::object&) {
+                          flush_python_buffers();
+                          PyErr_SetObject(PyExc_SystemExit, py::int_(128 + signum).ptr());
+                          throw py::error_already_set();
+                        }));
+}
+
 runtime::Pool& prepare_process(std::optional<bool> multi_host, std::optional<double> patience) {
   auto& pool = the_pool();
   if (pool) return *pool;
@@ -160,6 +176,7 @@ runtime::Pool& prepare_process(std::optional<bool> multi_host, std::optional<dou
   }
   install_excepthooks();
   runtime::set_before_exit(flush_before_exit);
+  handle_sigterm();
   return *pool;
 }
 

@@ -161,8 +161,9 @@ spank_option g_option_table[] = {
      0, kPool, on_option},
     {text("dew-devices-per-process"), text("N|off"),
      text("GPUs per task: local task L takes the step's GPUs [L*N, (L+1)*N) (default: plugstack "
-          "devices_per_process for steps with GPUs, else every task sees all; off: every task sees all; "
-          "Slurm's own --gpus-per-task/--gpu-bind binding is kept)."),
+          "devices_per_process for steps with GPUs, else an even share of the node's GPUs when it runs several "
+          "tasks, more tasks than GPUs refused; off: every task sees all; Slurm's own "
+          "--gpus-per-task/--gpu-bind binding is kept)."),
      1, kDevicesPerProcess, on_option},
     {text("dew-port"), text("PORT"),
      text("Coordinator port (1024-65535; default: derived from job and step id in the admin's "

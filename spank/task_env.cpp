@@ -10,6 +10,16 @@
 #include "pool_plan.h"
 
 namespace dew::spank {
+namespace {
+
+// The step's GPUs on this node: CUDA_VISIBLE_DEVICES's entries (Slurm's
+// NoDevFiles, or nothing, is none).
+unsigned gpu_count(const std::optional<std::string>& visible) {
+  if (!visible || visible->empty() || *visible == "NoDevFiles") return 0;
+  return static_cast<unsigned>(split(*visible, ',').size());
+}
+
+}  // namespace
 
 Result<std::string> coordinator_host(const TaskFacts& facts, const PoolOptions& options) {
   if (options.coordinator) return *options.coordinator;
@@ -64,6 +74,19 @@ Result<EnvPlan> plan_task_environment(const TaskFacts& facts, const PoolOptions&
   gpus.local_process = facts.local_task;
   gpus.local_process_count = facts.local_task_count;
   gpus.devices_per_process = options.devices_per_process ? *options.devices_per_process : config.devices_per_process;
+  // Nothing said how many: several tasks on a node share its GPUs evenly
+  // instead of each seeing (and oversubscribing) all of them.
+  if (!options.devices_per_process && !config.devices_per_process && !gpus.bound_by_slurm) {
+    const unsigned count = gpu_count(facts.visible_devices);
+    auto share = even_share(count, facts.local_task_count, "this node");
+    if (!share.ok()) return share.error().prefixed("--dew-devices-per-process is not set and ");
+    gpus.devices_per_process = share.value();
+    if (share.value() && count % facts.local_task_count != 0 && facts.local_task == 0) {
+      plan.notes.push_back(std::to_string(facts.local_task_count) + " tasks on " + std::to_string(count) +
+                           " GPUs: " + std::to_string(*share.value()) + " each, " +
+                           std::to_string(count % facts.local_task_count) + " left idle");
+    }
+  }
   // The admin's default applies to steps with GPUs; one that asked for none
   // is left alone (the user's own value still fails it, as it should).
   const bool no_gpus = !gpus.bound_by_slurm && (!facts.visible_devices || facts.visible_devices->empty());

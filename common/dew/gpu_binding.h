@@ -39,6 +39,13 @@ struct GpuBinding {
 // process sees.
 Result<GpuBinding> bind_gpus(const GpuBindingInput& input);
 
+// How many GPUs each of a node's processes takes when nothing says (no
+// devices_per_process anywhere, Slurm not binding): one process keeps them
+// all (nullopt); N processes on G >= N GPUs take G / N each, the last G mod N
+// left idle; more processes than GPUs is an error (kInvalidArgument) giving
+// both counts and the ways out. `place`: "this node", "host n1".
+Result<std::optional<unsigned>> even_share(unsigned gpus, unsigned local_processes, const std::string& place);
+
 // Whether Slurm has already bound GPUs per task, from SLURMD_TRES_BIND and
 // SLURM_GPUS_PER_TASK as slurmstepd passes them to the task.
 bool slurm_bound_gpus(const std::optional<std::string>& tres_bind, const std::optional<std::string>& gpus_per_task);

@@ -26,16 +26,39 @@ TEST(SrunDewPoolGpus, DevicesPerProcessSplitsTheNodesGpus) {
   }
 }
 
-TEST(SrunDewPoolGpus, WithoutDevicesPerProcessEveryTaskSeesAll) {
-  auto r =
-      cluster().srun({"--dew-pool", "-N2", "-n4", "--ntasks-per-node=2", "--gpus-per-node=4", "-l", "env"}, {}, 30s);
-  ASSERT_EQ(r.exit_code, 0) << describe(r);
-  auto tasks = task_environments(r.out);
-  ASSERT_EQ(tasks.size(), 4u) << describe(r);  // a loop over nothing would pass
-  for (auto& [rank, env] : tasks) {
-    EXPECT_EQ(env["CUDA_VISIBLE_DEVICES"], "0,1,2,3") << rank;
-    EXPECT_EQ(env["JAX_LOCAL_DEVICE_IDS"], "0,1,2,3") << rank;
-  }
+// Nothing says how many GPUs a task takes: several tasks on a node share its
+// GPUs evenly (JAX would otherwise take every visible GPU in every task);
+// more tasks than GPUs is refused before any task runs; one task keeps all.
+TEST(SrunDewPoolGpus, WithoutDevicesPerProcessTasksShareTheNodesGpusEvenly) {
+  const auto visible = [](int tasks_per_node) {
+    auto r = cluster().srun(
+        {"--dew-pool", "-N1", "-n" + std::to_string(tasks_per_node), "--gpus-per-node=4", "-l", "env"}, {}, 30s);
+    std::map<std::string, std::string> by_local;
+    for (auto& [rank, env] : task_environments(r.out)) by_local[env["SLURM_LOCALID"]] = env["CUDA_VISIBLE_DEVICES"];
+    return std::make_pair(r, by_local);
+  };
+  auto [four, four_visible] = visible(4);
+  ASSERT_EQ(four.exit_code, 0) << describe(four);
+  EXPECT_EQ(four_visible, (std::map<std::string, std::string>{{"0", "0"}, {"1", "1"}, {"2", "2"}, {"3", "3"}}));
+  auto [two, two_visible] = visible(2);
+  ASSERT_EQ(two.exit_code, 0) << describe(two);
+  EXPECT_EQ(two_visible, (std::map<std::string, std::string>{{"0", "0,1"}, {"1", "2,3"}}));
+  auto [three, three_visible] = visible(3);
+  ASSERT_EQ(three.exit_code, 0) << describe(three);
+  EXPECT_EQ(three_visible, (std::map<std::string, std::string>{{"0", "0"}, {"1", "1"}, {"2", "2"}}));
+  auto [one, one_visible] = visible(1);
+  ASSERT_EQ(one.exit_code, 0) << describe(one);
+  EXPECT_EQ(one_visible, (std::map<std::string, std::string>{{"0", "0,1,2,3"}})) << "one task keeps them all";
+
+  const auto markers = marker_path("five-on-four");
+  std::filesystem::create_directories(markers);
+  auto five = cluster().srun(
+      {"--dew-pool", "-N1", "-n5", "--gpus-per-node=4", "bash", "-c", "touch " + markers + "/$SLURM_PROCID; sleep 30"},
+      {}, 60s);
+  EXPECT_NE(five.exit_code, 0) << describe(five);
+  EXPECT_LT(five.seconds, 20.0);
+  EXPECT_THAT(five.err, HasSubstr("5 processes on this node would share 4 GPUs; allowed: at most 4")) << describe(five);
+  EXPECT_TRUE(std::filesystem::is_empty(markers)) << "no task ran";
 }
 
 TEST(SrunDewPoolGpus, PlugstackDevicesPerProcessIsTheDefault) {

@@ -268,6 +268,22 @@ class DesignPageApi(unittest.TestCase):
         self.assertIn("caught invalid argument", done.stdout, done.stderr)
         self.assertEqual(done.returncode, 1, "another exception ends it as Python does: " + done.stderr)
 
+    def test_sigterm_from_a_launcher_flushes_and_runs_finally(self):
+        import tempfile
+        code = ("import dew, os, signal, sys, time\npool = dew.prepare_process()\nprint('unflushed')\n"
+                "try:\n    os.kill(os.getpid(), signal.SIGTERM)\n    time.sleep(30)\n"
+                "finally:\n    open(sys.argv[1], 'w').write('finally ran')\n")
+        with tempfile.TemporaryDirectory() as d:
+            marker = os.path.join(d, "finally")
+            env = dict(os.environ)
+            env.pop("PYTHONUNBUFFERED", None)
+            done = subprocess.run([sys.executable, "-c", code, marker], capture_output=True, text=True, env=env,
+                                  timeout=30)
+            self.assertEqual(done.returncode, 128 + 15, done.stderr)
+            self.assertEqual(done.stdout, "unflushed\n")
+            with open(marker) as f:
+                self.assertEqual(f.read(), "finally ran")
+
     def test_fail_never_ends_a_pool_with_0_or_75_and_local_device_ids(self):
         code = ("import dew\npool = dew.prepare_process()\nprint(pool.local_device_ids)\n"
                 "for c in (0, 75, 256):\n"

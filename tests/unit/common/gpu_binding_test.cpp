@@ -119,3 +119,15 @@ TEST(SlurmBoundGpus, ReadsTresBindAndGpusPerTask) {
 
 }  // namespace
 }  // namespace dew
+
+TEST(EvenShare, OneProcessKeepsAllSeveralShareMoreThanGpusAreRefused) {
+  EXPECT_EQ(dew::even_share(4, 1, "this node").value(), std::nullopt);
+  EXPECT_EQ(dew::even_share(4, 4, "this node").value(), 1u);
+  EXPECT_EQ(dew::even_share(4, 2, "this node").value(), 2u);
+  EXPECT_EQ(dew::even_share(4, 3, "this node").value(), 1u);
+  EXPECT_EQ(dew::even_share(8, 3, "this node").value(), 2u);
+  EXPECT_EQ(dew::even_share(0, 3, "this node").value(), std::nullopt) << "no GPUs: nothing to share";
+  auto refused = dew::even_share(4, 5, "host n1");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().message.rfind("5 processes on host n1 would share 4 GPUs; allowed: at most 4", 0), 0u);
+}

@@ -79,6 +79,47 @@ TEST(PlanTaskEnvironment, OptionsOverridePlugstackDefaults) {
   EXPECT_EQ(env["JAX_LOCAL_DEVICE_IDS"], "0");
 }
 
+// Nothing says how many GPUs a task takes: several tasks on a node share its
+// GPUs evenly instead of each seeing all of them (JAX would take them all).
+TEST(PlanTaskEnvironment, WithoutDevicesPerProcessTasksShareTheNodesGpusEvenly) {
+  const auto task = [](unsigned local, unsigned count, const char* visible) {
+    auto facts = four_tasks_on_two_nodes(0);
+    facts.local_task = local;
+    facts.local_task_count = count;
+    facts.task_count = 2 * count;
+    facts.global_task = local;
+    facts.visible_devices = visible;
+    return facts;
+  };
+  auto env = env_of(plan_task_environment(task(2, 4, "0,1,2,3"), pool(), PlugstackConfig{}));
+  EXPECT_EQ(env["CUDA_VISIBLE_DEVICES"], "2") << "4 tasks on 4 GPUs: one each";
+  EXPECT_EQ(env["JAX_LOCAL_DEVICE_IDS"], "0");
+  env = env_of(plan_task_environment(task(1, 2, "0,1,2,3"), pool(), PlugstackConfig{}));
+  EXPECT_EQ(env["CUDA_VISIBLE_DEVICES"], "2,3") << "2 tasks on 4 GPUs: two each";
+  auto three = plan_task_environment(task(0, 3, "0,1,2,3"), pool(), PlugstackConfig{});
+  EXPECT_EQ(env_of(three)["CUDA_VISIBLE_DEVICES"], "0") << "3 tasks on 4 GPUs: one each";
+  ASSERT_EQ(three.value().notes.size(), 1u);
+  EXPECT_EQ(three.value().notes[0], "3 tasks on 4 GPUs: 1 each, 1 left idle");
+  EXPECT_EQ(env_of(plan_task_environment(task(2, 3, "0,1,2,3"), pool(), PlugstackConfig{}))["CUDA_VISIBLE_DEVICES"],
+            "2");
+  EXPECT_EQ(dew::testing::invalid_argument_of(plan_task_environment(task(0, 5, "0,1,2,3"), pool(), PlugstackConfig{})),
+            "--dew-devices-per-process is not set and 5 processes on this node would share 4 GPUs; allowed: at "
+            "most 4 processes per node, a devices-per-process value that fits, or off to let every process see "
+            "every GPU");
+  env = env_of(plan_task_environment(task(0, 1, "0,1,2,3"), pool(), PlugstackConfig{}));
+  EXPECT_EQ(env.count("CUDA_VISIBLE_DEVICES"), 0u) << "one task keeps them all";
+  EXPECT_EQ(env["JAX_LOCAL_DEVICE_IDS"], "0,1,2,3");
+  auto off = pool();
+  off.devices_per_process = DevicesPerProcess{};  // --dew-devices-per-process=off
+  EXPECT_EQ(env_of(plan_task_environment(task(2, 5, "0,1,2,3"), off, PlugstackConfig{}))["JAX_LOCAL_DEVICE_IDS"],
+            "0,1,2,3");
+  auto bound = task(2, 4, "1");
+  bound.gpus_per_task = "1";  // Slurm's own --gpus-per-task binding is kept
+  EXPECT_EQ(env_of(plan_task_environment(bound, pool(), PlugstackConfig{})).count("CUDA_VISIBLE_DEVICES"), 0u);
+  EXPECT_EQ(env_of(plan_task_environment(task(0, 4, ""), pool(), PlugstackConfig{})).count("CUDA_VISIBLE_DEVICES"), 0u)
+      << "a step without GPUs is left alone";
+}
+
 TEST(PlanTaskEnvironment, PlugstackDevicesPerProcessApplies) {
   PlugstackConfig config;
   config.devices_per_process = 2;
