@@ -80,9 +80,9 @@ void add_user_env(ProcessSpec& p, const std::vector<EnvVar>& env, const Watchdog
 // A remote process gets the launcher's forwarded variables, unless --env
 // gives them (a local one inherits them anyway).
 void add_forwarded(ProcessSpec& p, const std::vector<EnvVar>& env, const std::vector<EnvVar>& forwarded) {
-  for (const auto& [name, value] : forwarded) {
-    const bool given = std::any_of(env.begin(), env.end(), [&](const EnvVar& v) { return v.first == name; });
-    if (!given) p.env.emplace_back(name, value);
+  for (const EnvVar& variable : forwarded) {
+    const bool given = std::any_of(env.begin(), env.end(), [&](const EnvVar& v) { return v.first == variable.first; });
+    if (!given) p.env.push_back(variable);
   }
 }
 
