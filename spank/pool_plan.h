@@ -102,6 +102,13 @@ struct EnvPlan {
 // The host that runs rank 0, for distributions where that is known.
 Result<std::string> coordinator_host(const TaskFacts& facts, const PoolOptions& options);
 
+// What bind_gpus is given for this task: the user's devices per process, else
+// the admin's (for steps with GPUs), else an even share of the node's GPUs
+// when it runs several tasks (more tasks than GPUs: kInvalidArgument); Slurm's
+// own binding kept. Lines for slurmd's log go to `notes`.
+Result<GpuBindingInput> task_gpu_binding(const TaskFacts& facts, const PoolOptions& options,
+                                         const PlugstackConfig& config, std::vector<std::string>& notes);
+
 // Everything a task of a pool step gets (see README: "What a task gets").
 Result<EnvPlan> plan_task_environment(const TaskFacts& facts, const PoolOptions& options,
                                       const PlugstackConfig& config);

@@ -30,6 +30,40 @@ Result<std::string> coordinator_host(const TaskFacts& facts, const PoolOptions& 
   return node;
 }
 
+Result<GpuBindingInput> task_gpu_binding(const TaskFacts& facts, const PoolOptions& options,
+                                         const PlugstackConfig& config, std::vector<std::string>& notes) {
+  GpuBindingInput gpus;
+  gpus.visible_devices = facts.visible_devices;
+  gpus.bound_by_slurm = slurm_bound_gpus(facts.tres_bind, facts.gpus_per_task);
+  gpus.local_process = facts.local_task;
+  gpus.local_process_count = facts.local_task_count;
+  gpus.devices_per_process = options.devices_per_process ? *options.devices_per_process : config.devices_per_process;
+  // Nothing said how many: several tasks on a node share its GPUs evenly
+  // instead of each seeing (and oversubscribing) all of them.
+  if (!options.devices_per_process && !config.devices_per_process && !gpus.bound_by_slurm) {
+    const unsigned count = gpu_count(facts.visible_devices);
+    auto share = even_share(count, facts.local_task_count, "this node");
+    if (!share.ok()) return share.error().prefixed("--dew-devices-per-process is not set and ");
+    gpus.devices_per_process = share.value();
+    if (share.value() && count % facts.local_task_count != 0 && facts.local_task == 0) {
+      notes.push_back(std::to_string(facts.local_task_count) + " tasks on " + std::to_string(count) +
+                      " GPUs: " + std::to_string(*share.value()) + " each, " +
+                      std::to_string(count % facts.local_task_count) + " left idle");
+    }
+  }
+  // The admin's default applies to steps with GPUs; one that asked for none
+  // is left alone (the user's own value still fails it, as it should).
+  const bool no_gpus = !gpus.bound_by_slurm && (!facts.visible_devices || facts.visible_devices->empty());
+  if (!options.devices_per_process && config.devices_per_process && no_gpus) {
+    notes.push_back("rank " + std::to_string(facts.global_task) +
+                    ": the step has no GPUs on this node, so plugstack's devices_per_process=" +
+                    std::to_string(*config.devices_per_process) +
+                    " does not apply; CUDA_VISIBLE_DEVICES left as it is");
+    gpus.devices_per_process.reset();
+  }
+  return gpus;
+}
+
 Result<EnvPlan> plan_task_environment(const TaskFacts& facts, const PoolOptions& options,
                                       const PlugstackConfig& config) {
   if (facts.task_count == 0 || facts.global_task >= facts.task_count || facts.local_task_count == 0 ||
@@ -68,36 +102,9 @@ Result<EnvPlan> plan_task_environment(const TaskFacts& facts, const PoolOptions&
     plan.unset = {"DEW_COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS", "DEW_POOL_SECRET", "DEW_MULTI_HOST"};
   }
 
-  GpuBindingInput gpus;
-  gpus.visible_devices = facts.visible_devices;
-  gpus.bound_by_slurm = slurm_bound_gpus(facts.tres_bind, facts.gpus_per_task);
-  gpus.local_process = facts.local_task;
-  gpus.local_process_count = facts.local_task_count;
-  gpus.devices_per_process = options.devices_per_process ? *options.devices_per_process : config.devices_per_process;
-  // Nothing said how many: several tasks on a node share its GPUs evenly
-  // instead of each seeing (and oversubscribing) all of them.
-  if (!options.devices_per_process && !config.devices_per_process && !gpus.bound_by_slurm) {
-    const unsigned count = gpu_count(facts.visible_devices);
-    auto share = even_share(count, facts.local_task_count, "this node");
-    if (!share.ok()) return share.error().prefixed("--dew-devices-per-process is not set and ");
-    gpus.devices_per_process = share.value();
-    if (share.value() && count % facts.local_task_count != 0 && facts.local_task == 0) {
-      plan.notes.push_back(std::to_string(facts.local_task_count) + " tasks on " + std::to_string(count) +
-                           " GPUs: " + std::to_string(*share.value()) + " each, " +
-                           std::to_string(count % facts.local_task_count) + " left idle");
-    }
-  }
-  // The admin's default applies to steps with GPUs; one that asked for none
-  // is left alone (the user's own value still fails it, as it should).
-  const bool no_gpus = !gpus.bound_by_slurm && (!facts.visible_devices || facts.visible_devices->empty());
-  if (!options.devices_per_process && config.devices_per_process && no_gpus) {
-    plan.notes.push_back("rank " + std::to_string(facts.global_task) +
-                         ": the step has no GPUs on this node, so plugstack's devices_per_process=" +
-                         std::to_string(*config.devices_per_process) +
-                         " does not apply; CUDA_VISIBLE_DEVICES left as it is");
-    gpus.devices_per_process.reset();
-  }
-  auto binding = bind_gpus(gpus);
+  auto gpus = task_gpu_binding(facts, options, config, plan.notes);
+  if (!gpus.ok()) return gpus.error();
+  auto binding = bind_gpus(gpus.value());
   if (!binding.ok()) return binding.error();
   if (binding.value().visible_devices) set("CUDA_VISIBLE_DEVICES", *binding.value().visible_devices);
   if (binding.value().local_device_ids) set("JAX_LOCAL_DEVICE_IDS", *binding.value().local_device_ids);

@@ -25,6 +25,7 @@
 #include "dew/exit_status.h"
 #include "dew/hex.h"
 #include "dew/hostlist.h"
+#include "dew/text.h"
 #include "fuzz_check.h"
 #include "pool_plan.h"
 
@@ -673,16 +674,18 @@ void fuzz_task_env(Bytes& bytes) {
     FUZZ_CHECK(plan.unset.size() == 4);  // the coordinator pair, the secret, DEW_MULTI_HOST
   }
 
-  // The GPU part is exactly bind_gpus on the same facts.
-  GpuBindingInput gpus;
-  gpus.visible_devices = facts.visible_devices;
-  gpus.bound_by_slurm = slurm_bound_gpus(facts.tres_bind, facts.gpus_per_task);
-  gpus.local_process = facts.local_task;
-  gpus.local_process_count = facts.local_task_count;
-  gpus.devices_per_process = options.devices_per_process ? *options.devices_per_process : config.devices_per_process;
-  // The admin's default passes over a step without GPUs (the user's own value does not).
-  const bool no_gpus = !gpus.bound_by_slurm && (!facts.visible_devices || facts.visible_devices->empty());
-  if (!options.devices_per_process && no_gpus) gpus.devices_per_process.reset();
+  // The GPU part is exactly bind_gpus on what task_gpu_binding chose, which
+  // keeps the user's value, else the admin's (steps with GPUs), else an even
+  // share, and never more than the node's GPUs per task.
+  std::vector<std::string> notes;
+  auto chosen = task_gpu_binding(facts, options, config, notes);
+  FUZZ_CHECK(chosen.ok());
+  const GpuBindingInput& gpus = chosen.value();
+  if (options.devices_per_process) FUZZ_CHECK(gpus.devices_per_process == *options.devices_per_process);
+  if (!options.devices_per_process && !config.devices_per_process && !gpus.bound_by_slurm && gpus.devices_per_process) {
+    FUZZ_CHECK(*gpus.devices_per_process * facts.local_task_count <=
+               dew::split(facts.visible_devices.value_or(""), ',').size());
+  }
   auto binding = bind_gpus(gpus);
   check_binding(gpus, binding, raw);
   FUZZ_CHECK(binding.ok());
