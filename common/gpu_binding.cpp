@@ -51,6 +51,11 @@ Result<std::optional<unsigned>> even_share(unsigned gpus, unsigned local_process
   return std::optional<unsigned>(gpus / local_processes);
 }
 
+unsigned visible_gpu_count(const std::optional<std::string>& visible_devices) {
+  if (!visible_devices || visible_devices->empty() || *visible_devices == "NoDevFiles") return 0;
+  return static_cast<unsigned>(split(*visible_devices, ',').size());
+}
+
 bool slurm_bound_gpus(const std::optional<std::string>& tres_bind, const std::optional<std::string>& gpus_per_task) {
   // --gpu-bind leaves "gpu:<how>" in SLURMD_TRES_BIND; --gpus-per-task binds
   // per task too (Slurm >= 21.08 implies --gpu-bind=per_task:N).

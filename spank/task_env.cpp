@@ -10,16 +10,6 @@
 #include "pool_plan.h"
 
 namespace dew::spank {
-namespace {
-
-// The step's GPUs on this node: CUDA_VISIBLE_DEVICES's entries (Slurm's
-// NoDevFiles, or nothing, is none).
-unsigned gpu_count(const std::optional<std::string>& visible) {
-  if (!visible || visible->empty() || *visible == "NoDevFiles") return 0;
-  return static_cast<unsigned>(split(*visible, ',').size());
-}
-
-}  // namespace
 
 Result<std::string> coordinator_host(const TaskFacts& facts, const PoolOptions& options) {
   if (options.coordinator) return *options.coordinator;
@@ -41,7 +31,7 @@ Result<GpuBindingInput> task_gpu_binding(const TaskFacts& facts, const PoolOptio
   // Nothing said how many: several tasks on a node share its GPUs evenly
   // instead of each seeing (and oversubscribing) all of them.
   if (!options.devices_per_process && !config.devices_per_process && !gpus.bound_by_slurm) {
-    const unsigned count = gpu_count(facts.visible_devices);
+    const unsigned count = visible_gpu_count(facts.visible_devices);
     auto share = even_share(count, facts.local_task_count, "this node");
     if (!share.ok()) return share.error().prefixed("--dew-devices-per-process is not set and ");
     gpus.devices_per_process = share.value();

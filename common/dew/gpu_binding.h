@@ -39,6 +39,10 @@ struct GpuBinding {
 // process sees.
 Result<GpuBinding> bind_gpus(const GpuBindingInput& input);
 
+// The GPUs a CUDA_VISIBLE_DEVICES value lists: its entries; unset, empty or
+// Slurm's NoDevFiles (a GPU gres without device files) is none.
+unsigned visible_gpu_count(const std::optional<std::string>& visible_devices);
+
 // How many GPUs each of a node's processes takes when nothing says (no
 // devices_per_process anywhere, Slurm not binding): one process keeps them
 // all (nullopt); N processes on G >= N GPUs take G / N each, the last G mod N
