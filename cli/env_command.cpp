@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "dew/framework_env.h"
 #include "dew/pool.h"
 #include "dew/text.h"
 #include "dew/watchdog.h"
@@ -27,6 +28,7 @@ struct Report {
   std::string secret_problem;  // what is wrong with a DEW_POOL_SECRET that is there
   std::string backend = "none (one process alone)";
   std::string coordinator;                              // host:port, or empty
+  std::string framework;                                // the framework's coordinator, or how it is chosen
   std::string problem;                                  // why join() would refuse, or empty
   nlohmann::json jax = nlohmann::json::object();        // jax.distributed.initialize's arguments
   nlohmann::json variables = nlohmann::json::object();  // the variables a JAX script sees
@@ -81,6 +83,10 @@ Result<Report> resolve(const EnvOptions& options) {
     if (!r.has_secret) r.secret_problem = runtime::pool_secret_problem(secret->second);
   }
   r.coordinator = i.coordinator ? i.coordinator->text() : "";
+  r.framework = i.framework_coordinator
+                    ? i.framework_coordinator->text() + " (from " + i.framework_coordinator_from + ")"
+                    : "chosen by process 0 at the join: a free port from " + std::to_string(kFrameworkPortRange.low) +
+                          " to " + std::to_string(kFrameworkPortRange.high);
   if (pooled) {
     r.backend = i.pmix ? "pmix+tcp: all_gather over PMIx fences; agreements, key-value and failures over process 0's "
                          "coordination service (address and secret shared over PMIx)"
@@ -91,7 +97,9 @@ Result<Report> resolve(const EnvOptions& options) {
       r.problem = "DEW_POOL_SECRET is not set: join() will refuse (srun --dew-pool and dew launch set it)";
     }
     if (!r.secret_problem.empty()) r.problem = r.secret_problem + ": join() will refuse";
-    if (!r.coordinator.empty()) r.jax["coordinator_address"] = r.coordinator;
+    // Never Dew's own port: the framework's coordinator, or process 0's choice.
+    r.jax["coordinator_address"] =
+        i.framework_coordinator ? i.framework_coordinator->text() : std::string("(chosen by process 0 at the join)");
     r.jax["num_processes"] = i.size;
     r.jax["process_id"] = i.rank;
     // The plugin's per-task GPUs, as dew.Pool.jax_distributed_kwargs() gives them.
@@ -120,6 +128,8 @@ void print_json(const Report& r) {
       {"hostname", id.hostname},
       {"coordinator", r.coordinator.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.coordinator)},
       {"coordinator_from", id.coordinator_from},
+      {"framework_coordinator",
+       id.framework_coordinator ? nlohmann::json(id.framework_coordinator->text()) : nlohmann::json(nullptr)},
       {"backend", r.backend.substr(0, r.backend.find(':'))},
       {"pool_secret", r.has_secret},
       {"agreement_patience_seconds", r.settings.agreement_patience.count() / 1000.0},
@@ -144,6 +154,7 @@ void print_text(const Report& r) {
             << id.hostname << ")\n"
             << "coordinator:  " << (r.coordinator.empty() ? "none" : r.coordinator)
             << (id.coordinator_from.empty() ? "" : " (from " + id.coordinator_from + ")") << "\n"
+            << "framework:    " << r.framework << " (MASTER_ADDR/MASTER_PORT, JAX_COORDINATOR_ADDRESS)\n"
             << "backend:      " << r.backend << "\n"
             << "pool secret:  "
             << (r.has_secret               ? "set (DEW_POOL_SECRET, 64 hex digits)"

@@ -110,15 +110,19 @@ void note_private_overrides() {
   }
 }
 
-// Starts every process, rank 0 last: the port stays held while the others
-// start, and is let go just before the process that listens on it starts.
-std::optional<Stop> start_all(const launch::LaunchPlan& plan, const std::string& secret, int held,
+// Starts every process, rank 0 last: the ports stay held while the others
+// start, and are let go just before the process that listens on them starts.
+std::optional<Stop> start_all(const launch::LaunchPlan& plan, const std::string& secret, const std::vector<int>& held,
                               launch::Supervisor& supervisor) {
   std::vector<const launch::ProcessSpec*> order;
   for (std::size_t k = 1; k < plan.processes.size(); ++k) order.push_back(&plan.processes[k]);
   order.push_back(&plan.processes.front());
   for (const launch::ProcessSpec* p : order) {
-    if (p->rank == 0 && held >= 0) close(held);
+    if (p->rank == 0) {
+      for (const int fd : held) {
+        if (fd >= 0) close(fd);
+      }
+    }
     for (const auto& dir : p->local ? p->make_dirs : std::vector<std::string>{}) {
       std::error_code error;
       std::filesystem::create_directories(dir, error);
@@ -176,7 +180,7 @@ int run_launch(LaunchArgs& args) {
   }
   if (o.private_dirs) note_private_overrides();
   if (o.private_dirs) facts.private_root = launch::private_root_for(private_id.value());
-  int held = -1;
+  std::vector<int> held;
   if (auto stop = gather_host_facts(args, facts, held)) return fail(*stop);
   auto plan = launch::plan_launch(o, std::get<0>(env), facts);
   if (!plan.ok()) return fail(Stop{plan.error().message, 2});

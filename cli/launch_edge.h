@@ -47,7 +47,7 @@ inline std::vector<std::pair<std::string, std::optional<std::string>>> env_chang
 // The port and the hosts' GPUs, asked of remote hosts in parallel; a given
 // --port is checked free on the first host (held here until rank 0 starts
 // when that is this machine: `held`).
-std::optional<Stop> gather_host_facts(const LaunchArgs& args, launch::LaunchFacts& facts, int& held);
+std::optional<Stop> gather_host_facts(const LaunchArgs& args, launch::LaunchFacts& facts, std::vector<int>& held);
 
 // --slurm: the whole launch through srun; returns the exit code.
 int run_slurm(const launch::LaunchOptions& options, const std::vector<launch::EnvVar>& env, bool dry_run);

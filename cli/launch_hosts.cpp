@@ -16,6 +16,7 @@
 
 #include "dew/coordinator_port.h"
 #include "dew/exit_status.h"
+#include "dew/framework_env.h"
 #include "dew/hex.h"
 #include "dew/log.h"
 #include "dew/process.h"
@@ -29,17 +30,17 @@ using namespace std::chrono_literals;
 // The query asked of a remote host over ssh.
 constexpr auto kQueryTimeout = 30s;
 
-// A port free on this machine: a random one of kPortRange that binds
+// A port free on this machine: a random one of `range` that binds
 // (without SO_REUSEADDR, so no socket in any state uses it) and that no
 // other dew launch has claimed. The TCP socket is held (close-on-exec) until
 // just before rank 0 starts; the claim for the whole launch, so launches on
 // one machine never draw the same port while either runs, even while rank 0
 // is still starting up.
-std::optional<int> hold_local_port(int& held) {
+std::optional<int> hold_local_port(PortRange range, int& held) {
   for (int attempt = 0; attempt < 200; ++attempt) {
     auto random = random_u32();
     if (!random.ok()) return std::nullopt;
-    const int port = port_from_random(random.value(), launch::kPortRange);
+    const int port = port_from_random(random.value(), range);
     // The claim: an abstract Unix socket named after the port (Linux: no file
     // to leave behind, gone when the launcher exits).
     const int lock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -117,26 +118,38 @@ std::optional<Stop> hold_given_port(int port, int& held) {
 
 }  // namespace
 
-std::optional<Stop> gather_host_facts(const LaunchArgs& args, launch::LaunchFacts& facts, int& held) {
+std::optional<Stop> gather_host_facts(const LaunchArgs& args, launch::LaunchFacts& facts, std::vector<int>& held) {
   const launch::LaunchOptions& o = args.options;
   const auto hosts = launch::effective_hosts(o);
   const bool devices = o.devices_per_process.has_value();
   // A remote first host is asked for a free port, or whether --port is free.
   const bool ask_port = hosts.front() != launch::kLocalHost && (!o.port || !args.dry_run);
+  const auto no_free_port = [](PortRange range, const std::string& hint) {
+    return Stop{"cannot find a free port from " + std::to_string(range.low) + " to " + std::to_string(range.high) +
+                " on this machine (200 tries)" + hint};
+  };
   if (o.port) {
     facts.port = *o.port;
     if (!ask_port && !args.dry_run) {
-      if (auto stop = hold_given_port(*o.port, held)) return stop;
+      held.push_back(-1);
+      if (auto stop = hold_given_port(*o.port, held.back())) return stop;
     }
   } else if (!ask_port) {
-    auto port = hold_local_port(held);
-    if (!port) {
-      return Stop{"cannot find a free port from " + std::to_string(launch::kPortRange.low) + " to " +
-                  std::to_string(launch::kPortRange.high) + " on this machine (200 tries); give --port"};
-    }
+    held.push_back(-1);
+    auto port = hold_local_port(launch::kPortRange, held.back());
+    if (!port) return no_free_port(launch::kPortRange, "; give --port");
     facts.port = *port;
   }
+  if (!ask_port) {
+    // The framework's rendezvous (MASTER_PORT, JAX_COORDINATOR_ADDRESS): a
+    // port of its own, held as Dew's is until rank 0 starts.
+    held.push_back(-1);
+    auto port = hold_local_port(kFrameworkPortRange, held.back());
+    if (!port) return no_free_port(kFrameworkPortRange, " for the framework's coordinator");
+    facts.framework_port = *port;
+  }
   if (args.dry_run) {
+    if (ask_port) facts.framework_port_text = "FRAMEWORK_PORT";
     if (ask_port && !o.port) facts.port_text = "PORT";
     if (ask_port || (devices && !launch::all_local(o))) {
       log_info("--dry-run: remote hosts are not asked; the port shows as PORT and their GPUs as indices");
@@ -160,6 +173,7 @@ std::optional<Stop> gather_host_facts(const LaunchArgs& args, launch::LaunchFact
     auto got = answer.get();
     if (!got.ok()) return Stop{got.error().message};
     if (got.value().port) facts.port = *got.value().port;
+    if (got.value().framework_port) facts.framework_port = *got.value().framework_port;
     if (got.value().devices) facts.devices[host] = *got.value().devices;
   }
   return std::nullopt;

@@ -14,9 +14,9 @@ namespace {
 
 // Variables the launcher sets itself; --env may not set them.
 constexpr std::string_view kPoolVariables[] = {
-    "DEW_PROCESS_ID",          "DEW_PROCESS_COUNT",       "DEW_LOCAL_PROCESS_ID", "DEW_LOCAL_PROCESS_COUNT",
-    "DEW_COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS", "DEW_POOL_SECRET",      "DEW_LINES_PREFIXED",
-};
+    "DEW_PROCESS_ID",          "DEW_PROCESS_COUNT", "DEW_LOCAL_PROCESS_ID", "DEW_LOCAL_PROCESS_COUNT",
+    "DEW_COORDINATOR_ADDRESS", "DEW_POOL_SECRET",   "DEW_LINES_PREFIXED",
+};  // and kFrameworkVariableNames
 
 Error range_error(const std::string& option, long long value, int low, int high) {
   return not_allowed(option, std::to_string(value),
@@ -112,7 +112,9 @@ Result<std::vector<EnvVar>> parse_env_options(const std::vector<std::string>& en
           " is not allowed; allowed: a shell variable name (letters, digits and _, not starting with a "
           "digit)");
     }
-    bool reserved = std::find(std::begin(kPoolVariables), std::end(kPoolVariables), name) != std::end(kPoolVariables);
+    bool reserved = std::find(std::begin(kPoolVariables), std::end(kPoolVariables), name) != std::end(kPoolVariables) ||
+                    std::find(std::begin(kFrameworkVariableNames), std::end(kFrameworkVariableNames), name) !=
+                        std::end(kFrameworkVariableNames);
     const char* why = "dew launch sets it for every process";
     if (devices_per_process && (name == "CUDA_VISIBLE_DEVICES" || name == "JAX_LOCAL_DEVICE_IDS")) {
       reserved = true;
@@ -220,7 +222,10 @@ Result<LaunchPlan> plan_launch(const LaunchOptions& options, const std::vector<E
   const int per_host = options.processes_per_host;
   const int count = static_cast<int>(hosts.size()) * per_host;
   const std::string port_text = facts.port_text.empty() ? std::to_string(facts.port) : facts.port_text;
-  plan.coordinator = host_port(coordinator_host(options, facts.local_hostname), port_text);
+  const std::string host = coordinator_host(options, facts.local_hostname);
+  plan.coordinator = host_port(host, port_text);
+  const std::string framework_port =
+      facts.framework_port_text.empty() ? std::to_string(facts.framework_port) : facts.framework_port_text;
   std::string cwd = options.cwd.empty() ? facts.launcher_cwd : options.cwd;
   if (!cwd.empty() && cwd[0] != '/') cwd = facts.launcher_cwd + "/" + cwd;
 
@@ -236,11 +241,18 @@ Result<LaunchPlan> plan_launch(const LaunchOptions& options, const std::vector<E
                {"DEW_LOCAL_PROCESS_ID", std::to_string(local)},
                {"DEW_LOCAL_PROCESS_COUNT", std::to_string(per_host)},
                {"DEW_COORDINATOR_ADDRESS", plan.coordinator},
-               {"JAX_COORDINATOR_ADDRESS", plan.coordinator},
                {"DEW_POOL_SECRET", facts.secret},
                // The launcher puts "[rank] " before every line: libdew then
                // leaves its own prefix off.
                {"DEW_LINES_PREFIXED", "1"}};
+      // torchrun's contract and JAX's address, at a port of their own.
+      for (auto& variable : framework_variables({p.rank, count, local, per_host, static_cast<int>(h), host, 0})) {
+        if (variable.first == "MASTER_PORT") variable.second = framework_port;
+        if (variable.first == "JAX_COORDINATOR_ADDRESS" || variable.first == "DEW_FRAMEWORK_COORDINATOR") {
+          variable.second = host_port(host, framework_port);
+        }
+        p.env.push_back(std::move(variable));
+      }
       if (options.devices_per_process) {
         auto binding = bind_host_gpus(options, facts, p.host, local);
         if (!binding.ok()) return binding.error();

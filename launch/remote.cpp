@@ -32,29 +32,35 @@ std::string remote_script(const std::vector<EnvVar>& env, const std::string& cwd
   return script;
 }
 
+namespace {
+
+// awk: used[] filled with every TCP port (v4 and v6, any state) on the host.
+constexpr std::string_view kUsedPorts =
+    "function hex(s, i, n) { n = 0; for (i = 1; i <= length(s); i++) "
+    "n = n * 16 + index(\"0123456789ABCDEF\", toupper(substr(s, i, 1))) - 1; return n } "
+    "function scan(f, file, line, x, y, n) { for (f = 0; f < 2; f++) { file = f ? \"/proc/net/tcp6\" : "
+    "\"/proc/net/tcp\"; while ((getline line < file) > 0) { split(line, x); n = split(x[2], y, \":\"); "
+    "if (n > 1) used[hex(y[n])] = 1 } } } "
+    "function pick(label, lo, hi, t, p) { for (t = 0; t < 1000; t++) { p = lo + int(rand() * (hi - lo + 1)); "
+    "if (!(p in used)) { print label \"=\" p; used[p] = 1; return 1 } } return 0 } ";
+
+std::string range_args(PortRange range) { return std::to_string(range.low) + ", " + std::to_string(range.high); }
+
+}  // namespace
+
 std::string host_query_script(bool port, bool devices, int wanted_port) {
   std::string script;
-  if (port && wanted_port > 0) {
-    // A given port: is any socket on the host using it (any state)?
-    script += "awk -v want=" + std::to_string(wanted_port) +
-              " 'function hex(s, i, n) { n = 0; for (i = 1; i <= length(s); i++) "
-              "n = n * 16 + index(\"0123456789ABCDEF\", toupper(substr(s, i, 1))) - 1; return n } "
-              "BEGIN { for (f = 0; f < 2; f++) { file = f ? \"/proc/net/tcp6\" : \"/proc/net/tcp\"; "
-              "while ((getline line < file) > 0) { split(line, x); n = split(x[2], y, \":\"); if (n > 1 && "
-              "hex(y[n]) == want) busy = 1 } } print (busy ? \"port-busy=\" : \"port=\") want; exit 0 }' || exit 1; ";
-  } else if (port) {
-    script +=
-        "awk -v seed=\"$(od -An -N4 -tu4 /dev/urandom)\" '"
-        "function hex(s, i, n) { n = 0; for (i = 1; i <= length(s); i++) "
-        "n = n * 16 + index(\"0123456789ABCDEF\", toupper(substr(s, i, 1))) - 1; return n } "
-        "BEGIN { lo = " +
-        std::to_string(kPortRange.low) + "; hi = " + std::to_string(kPortRange.high) +
-        "; "
-        "for (f = 0; f < 2; f++) { file = f ? \"/proc/net/tcp6\" : \"/proc/net/tcp\"; "
-        "while ((getline line < file) > 0) { split(line, x); n = split(x[2], y, \":\"); if (n > 1) "
-        "used[hex(y[n])] = 1 } } "
-        "srand(seed % 2147483647); for (t = 0; t < 1000; t++) { p = lo + int(rand() * (hi - lo + 1)); "
-        "if (!(p in used)) { print \"port=\" p; exit 0 } } exit 1 }' || exit 1; ";
+  if (port) {
+    const std::string want = std::to_string(wanted_port);
+    // A given port: is any socket on the host using it? Otherwise a free one;
+    // and always a free framework port beside it.
+    const std::string dew_port = wanted_port > 0
+                                     ? "if (" + want + " in used) { print \"port-busy=" + want +
+                                           "\"; exit 0 } print \"port=" + want + "\"; used[" + want + "] = 1; "
+                                     : "if (!pick(\"port\", " + range_args(kPortRange) + ")) exit 1; ";
+    script += "awk -v seed=\"$(od -An -N4 -tu4 /dev/urandom)\" '" + std::string(kUsedPorts) +
+              "BEGIN { scan(); srand(seed % 2147483647); " + dew_port + "if (!pick(\"framework-port\", " +
+              range_args(kFrameworkPortRange) + ")) exit 1; exit 0 }' || exit 1; ";
   }
   if (devices) {
     script +=
@@ -67,9 +73,10 @@ std::string host_query_script(bool port, bool devices, int wanted_port) {
 
 Result<HostAnswer> parse_host_reply(std::string_view reply, const std::string& host, bool port, bool devices) {
   const auto bad = [&](const std::string& what) {
-    return invalid_argument("the query on " + host + " answered " + what +
-                            "; expected the lines port=N, visible=LIST or visible-unset, gpus=N (give --port to "
-                            "skip the port query)");
+    return invalid_argument(
+        "the query on " + host + " answered " + what +
+        "; expected the lines port=N, framework-port=N, visible=LIST or visible-unset, gpus=N (give --port to "
+        "skip the port query)");
   };
   HostAnswer answer;
   HostDevices found;
@@ -82,10 +89,11 @@ Result<HostAnswer> parse_host_reply(std::string_view reply, const std::string& h
       return unavailable("--port " + printable(line.substr(10)) + ": the port is in use on " + host +
                          "; allowed: a port no socket uses there (or leave --port out for a free one)");
     }
-    if (line.rfind("port=", 0) == 0) {
-      const auto number = parse_whole<int>(line.substr(5));
+    if (line.rfind("port=", 0) == 0 || line.rfind("framework-port=", 0) == 0) {
+      const bool framework = line[0] == 'f';
+      const auto number = parse_whole<int>(line.substr(line.find('=') + 1));
       if (!number || *number < 1 || *number > 65535) return bad(shown(line) + ", not a port from 1 to 65535");
-      answer.port = *number;
+      (framework ? answer.framework_port : answer.port) = *number;
     } else if (line == "visible-unset") {
       saw_visible = true;
     } else if (line.rfind("visible=", 0) == 0) {
@@ -100,7 +108,7 @@ Result<HostAnswer> parse_host_reply(std::string_view reply, const std::string& h
       return bad("an unexpected line " + shown(line));
     }
   }
-  if (port && !answer.port) return bad("no port");
+  if (port && (!answer.port || !answer.framework_port)) return bad("no port");
   if (devices && !(saw_visible && saw_gpus)) return bad("no GPU facts");
   if (devices) answer.devices = found;
   return answer;

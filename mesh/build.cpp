@@ -198,30 +198,39 @@ std::vector<int> fill_blocks(const MeshShape& shape, const MeshShape& inner, con
 }
 
 void fill_groups(Mesh& mesh, const DeviceGraph& graph, const std::vector<int>& indices) {
-  const auto total = static_cast<int>(indices.size());
-  int stride = 1;
-  for (int axis = kAxisCount - 1; axis >= 0; --axis) {
-    const int length = mesh.shape[axis];
+  for (int axis = 0; axis < kAxisCount; ++axis) {
     AxisGroups& groups = mesh.groups[axis];
-    for (int start = 0; start < total; ++start) {
-      if ((start / stride) % length != 0) continue;
+    for (const auto& members : groups_along(mesh.shape, indices, axis)) {
       std::vector<int> devices;
       std::vector<int> processes;
-      for (int k = 0; k < length; ++k) {
-        const Device& device = graph.devices[indices[start + k * stride]];
-        devices.push_back(device.id);
-        processes.push_back(device.process);
+      for (const int index : members) {
+        devices.push_back(graph.devices[index].id);
+        processes.push_back(graph.devices[index].process);
       }
       std::sort(processes.begin(), processes.end());
       processes.erase(std::unique(processes.begin(), processes.end()), processes.end());
       groups.devices.push_back(std::move(devices));
       groups.processes.push_back(std::move(processes));
     }
-    stride *= length;
   }
 }
 
 }  // namespace
+
+std::vector<std::vector<int>> groups_along(std::span<const int> shape, std::span<const int> values, int axis) {
+  int stride = 1;
+  for (int a = static_cast<int>(shape.size()) - 1; a > axis; --a) stride *= shape[a];
+  const int length = shape[axis];
+  const auto total = static_cast<int>(values.size());
+  std::vector<std::vector<int>> groups;
+  for (int start = 0; start < total; ++start) {
+    if ((start / stride) % length != 0) continue;
+    std::vector<int> members;
+    for (int k = 0; k < length; ++k) members.push_back(values[start + k * stride]);
+    groups.push_back(std::move(members));
+  }
+  return groups;
+}
 
 std::vector<double> bandwidth_matrix(int n, const std::function<double(int, int)>& link) {
   const auto size = static_cast<std::size_t>(std::max(0, n));

@@ -259,7 +259,9 @@ Environment current_environment() {
   return env;
 }
 
-Result<Identity> resolve_identity(const Environment& env, const JoinOptions& options) {
+namespace {
+
+Result<Identity> identity_of_source(const Environment& env, const JoinOptions& options) {
   if (options.rank || options.size) {
     if (!options.rank || !options.size)
       return invalid_argument("JoinOptions: rank and size go together: set both or neither");
@@ -320,6 +322,22 @@ Result<Identity> resolve_identity(const Environment& env, const JoinOptions& opt
     Identity id;
     id.why = "no PMIx, Open MPI, Slurm step or DEW_PROCESS_ID variables: one process alone";
     found = id;
+  }
+  return found;
+}
+
+}  // namespace
+
+Result<Identity> resolve_identity(const Environment& env, const JoinOptions& options) {
+  auto found = identity_of_source(env, options);
+  if (!found.ok()) return found;
+  // The framework's coordinator, when a launcher chose it (the plugin, dew
+  // launch); else process 0 chooses one at the join.
+  if (auto text = lookup(env, "DEW_FRAMEWORK_COORDINATOR")) {
+    auto address = parse_address(*text, "DEW_FRAMEWORK_COORDINATOR");
+    if (!address.ok()) return address.error();
+    found.value().framework_coordinator = address.value();
+    found.value().framework_coordinator_from = "DEW_FRAMEWORK_COORDINATOR";
   }
   return found;
 }

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include "dew/framework_env.h"
 #include "dew/hex.h"
 #include "dew/log.h"
 #include "dew/text.h"
@@ -145,6 +146,13 @@ const Identity& Pool::identity() const { return state_->identity; }
 int Pool::rank() const { return state_->identity.rank; }
 int Pool::size() const { return state_->identity.size; }
 std::string Pool::backend() const { return backend_of(*state_); }
+const Address& Pool::framework_coordinator() const { return *state_->identity.framework_coordinator; }
+
+std::vector<std::pair<std::string, std::string>> Pool::framework_variables() const {
+  const Identity& id = state_->identity;
+  return dew::framework_variables({id.rank, id.size, id.local_rank, id.local_size, id.node,
+                                   id.framework_coordinator->host, id.framework_coordinator->port});
+}
 
 namespace {
 
@@ -198,9 +206,11 @@ void join_with(Pool::State& s, const JoinOptions& options, Clock::time_point sta
   }
 
   attach_failure_path(*state, options.failure_handlers);
+  offer_framework_coordinator(*state);
   if (state->client) {
     state->start_watch();
     agree_joined(*state, started);
+    take_framework_coordinator(*state);
   }
   log_info("Joined the pool: process " + std::to_string(id.rank) + " of " + std::to_string(id.size) + " (" +
            std::string(source_name(id.source)) + ", " + backend_of(*state) + ")");

@@ -96,4 +96,9 @@ void note_join_failure(const std::string& message);
 // failure aborts the job step through it (PMIx_Abort).
 void keep_pmix_for_join_failure(std::unique_ptr<PmixSession> pmix);
 
+// The framework's coordinator (framework_port.cpp): process 0 offers it
+// before the join's last agreement, every other process takes it after.
+void offer_framework_coordinator(Pool::State& state);
+void take_framework_coordinator(Pool::State& state);
+
 }  // namespace dew::runtime

@@ -25,5 +25,6 @@ struct PendingPoolError {
 
 void bind_pool(pybind11::module_& m);
 void bind_mesh(pybind11::module_& m);
+void bind_torch(pybind11::module_& m);
 
 }  // namespace dew::python

@@ -4,7 +4,7 @@
     pool = dew.prepare_process()
     jax.distributed.initialize(**pool.jax_distributed_kwargs())
 """
-from typing import ContextManager, Optional, Sequence, Union
+from typing import Any, ContextManager, Optional, Sequence, Union
 
 import numpy as np
 
@@ -26,6 +26,8 @@ class Pool:
     def local_size(self) -> int: ...
     @property
     def local_device_ids(self) -> Optional[list[int]]: ...
+    @property
+    def coordinator(self) -> str: ...  # the framework's coordinator, host:port
     def agree(self, name: str, patience: Optional[float] = None) -> None: ...
     def all_gather(self, data: bytes) -> list[bytes]: ...
     def put(self, key: str, value: bytes) -> None: ...
@@ -72,3 +74,10 @@ def choose_exchange(
     gather_kernel: str = "dense-bias",
     key_length: Optional[int] = None,
 ) -> tuple[str, str]: ...
+
+def torch_process_groups(
+    ids: np.ndarray,
+    names: Sequence[str],
+    devices_per_process: int = 1,
+    backend: Optional[str] = None,
+) -> dict[str, Any]: ...  # {axis: this rank's torch.distributed group, or None}

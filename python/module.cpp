@@ -1,6 +1,6 @@
 // The `dew` Python module: the pool, fast failure and meshes for training
 // scripts. pool_bindings.cpp: prepare_process and Pool; mesh_bindings.cpp:
-// MeshSpec, build_mesh, choose_exchange.
+// MeshSpec, build_mesh, choose_exchange; torch_bindings.cpp: torch_process_groups.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -55,4 +55,5 @@ PYBIND11_MODULE(dew, m) {
   });
   bind_pool(m);
   bind_mesh(m);
+  bind_torch(m);
 }

@@ -174,6 +174,11 @@ runtime::Pool& prepare_process(std::optional<bool> multi_host, std::optional<dou
     install_join_failure_hook(e.what());
     throw_pool_error(e.code(), e.what());
   }
+  // torchrun's variables and JAX_COORDINATOR_ADDRESS, as the pool agreed
+  // them: an unmodified init_process_group("gloo") or
+  // jax.distributed.initialize() finds its rendezvous under any launcher.
+  py::object environ = py::module_::import("os").attr("environ");
+  for (const auto& [name, value] : pool->framework_variables()) environ[py::str(name)] = value;
   install_excepthooks();
   runtime::set_before_exit(flush_before_exit);
   handle_sigterm();
@@ -205,7 +210,8 @@ std::optional<std::vector<int>> local_device_ids() {
 py::dict jax_distributed_kwargs(const runtime::Pool& pool) {
   py::dict kwargs;
   const runtime::Identity& id = pool.identity();
-  if (id.coordinator) kwargs["coordinator_address"] = id.coordinator->text();
+  // The framework's own coordinator, never Dew's: JAX's binds a port of its own.
+  kwargs["coordinator_address"] = pool.framework_coordinator().text();
   kwargs["num_processes"] = id.size;
   kwargs["process_id"] = id.rank;
   if (auto local = local_device_ids()) kwargs["local_device_ids"] = *local;
@@ -346,13 +352,20 @@ void bind_pool(py::module_& m) {
           "local_device_ids", [](const runtime::Pool&) { return local_device_ids(); },
           "This task's accelerators as JAX numbers them (JAX_LOCAL_DEVICE_IDS, which srun --dew-pool and dew launch "
           "--devices-per-process set), or None when nothing bound them.")
+      .def_property_readonly(
+          "coordinator", [](const runtime::Pool& p) { return p.framework_coordinator().text(); },
+          "host:port of the framework's coordinator the pool agreed on (MASTER_ADDR:MASTER_PORT, "
+          "JAX_COORDINATOR_ADDRESS): process 0 listens there for jax.distributed or torch.distributed; never Dew's "
+          "own port.")
       .def("jax_distributed_kwargs", &jax_distributed_kwargs,
            "coordinator_address, num_processes, process_id (and local_device_ids when JAX_LOCAL_DEVICE_IDS is "
            "set): jax.distributed.initialize(**pool.jax_distributed_kwargs()).");
   m.def("prepare_process", &prepare_process, py::arg("multi_host") = py::none(), py::arg("patience") = py::none(),
         py::return_value_policy::reference,
         "Joins this process's pool (srun --dew-pool, srun --mpi=pmix, mpirun, dew launch, or alone), appends the "
-        "XLA execution watchdog to XLA_FLAGS unless set, and installs fast failure: an uncaught exception is "
+        "XLA execution watchdog to XLA_FLAGS unless set, sets torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, "
+        "LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT) and JAX_COORDINATOR_ADDRESS to the framework "
+        "coordinator the pool agreed on, and installs fast failure: an uncaught exception is "
         "printed once, published, and ends the process; a peer's failure ends this one with exit code 75. "
         "Calling it again returns the same pool.");
 }

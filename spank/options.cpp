@@ -80,7 +80,8 @@ Result<std::string> parse_coordinator_host(std::string_view text, std::string_vi
 
 Result<PlugstackConfig> parse_plugstack_args(const std::vector<std::string>& args) {
   constexpr std::string_view allowed_keys =
-      "port_range=LOW-HIGH, kill_on_bad_exit=yes|no, watchdog=DURATION|off, devices_per_process=N";
+      "port_range=LOW-HIGH, framework_port_range=LOW-HIGH, kill_on_bad_exit=yes|no, watchdog=DURATION|off, "
+      "devices_per_process=N";
   PlugstackConfig config;
   std::set<std::string, std::less<>> seen;
   for (const auto& arg : args) {
@@ -99,6 +100,10 @@ Result<PlugstackConfig> parse_plugstack_args(const std::vector<std::string>& arg
       auto range = parse_port_range(value, option);
       if (!range.ok()) return range.error();
       config.port_range = range.value();
+    } else if (key == "framework_port_range") {
+      auto range = parse_port_range(value, option);
+      if (!range.ok()) return range.error();
+      config.framework_port_range = range.value();
     } else if (key == "kill_on_bad_exit") {
       auto yes = parse_yes_no(value, option);
       if (!yes.ok()) return yes.error();
@@ -114,6 +119,9 @@ Result<PlugstackConfig> parse_plugstack_args(const std::vector<std::string>& arg
     } else {
       return invalid_argument("plugstack.conf: unknown argument '" + arg + "'; allowed: " + std::string(allowed_keys));
     }
+  }
+  if (auto apart = check_framework_range(config.port_range, config.framework_port_range); !apart.ok()) {
+    return apart.error().prefixed("plugstack.conf: ");
   }
   return config;
 }

@@ -15,6 +15,7 @@
 
 #include "dew/coordinator_port.h"
 #include "dew/failure_timings.h"
+#include "dew/framework_env.h"
 #include "dew/gpu_binding.h"
 #include "dew/result.h"
 #include "dew/watchdog.h"
@@ -26,6 +27,9 @@ namespace dew::spank {
 // Settings an admin gives on the plugstack.conf line.
 struct PlugstackConfig {
   PortRange port_range;
+  // Where each step's framework port (MASTER_PORT, JAX_COORDINATOR_ADDRESS)
+  // is derived from; never sharing a port with port_range.
+  PortRange framework_port_range = kFrameworkPortRange;
   bool kill_on_bad_exit = true;
   Watchdog watchdog = kDefaultWatchdog;
   // nullopt: every task sees all of the step's GPUs on its node.

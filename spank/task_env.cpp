@@ -73,13 +73,14 @@ Result<EnvPlan> plan_task_environment(const TaskFacts& facts, const PoolOptions&
   set("DEW_NODE_ID", pool ? std::to_string(facts.node_id) : "0");
   // libdew reads SLURM_NTASKS=1 as "alone" unless told otherwise.
   if (options.multi_host) set("DEW_MULTI_HOST", "1");
+  std::string framework_host = "127.0.0.1";  // one task: its own machine
+  std::optional<std::uint16_t> dew_port;
   if (pool) {
     auto host = coordinator_host(facts, options);
     if (!host.ok()) return host.error();
-    const auto port = options.port.value_or(derive_port(facts.job_id, facts.step_id, config.port_range));
-    const auto address = host_port(host.value(), std::to_string(port));
-    set("DEW_COORDINATOR_ADDRESS", address);
-    set("JAX_COORDINATOR_ADDRESS", address);
+    framework_host = host.value();
+    dew_port = options.port.value_or(derive_port(facts.job_id, facts.step_id, config.port_range));
+    set("DEW_COORDINATOR_ADDRESS", host_port(host.value(), std::to_string(*dew_port)));
     if (!facts.pool_secret || facts.pool_secret->empty()) {
       return unavailable(
           "no pool secret reached this task from srun; is spank_dew.so listed in the "
@@ -89,7 +90,20 @@ Result<EnvPlan> plan_task_environment(const TaskFacts& facts, const PoolOptions&
   } else {
     // A coordinator inherited from the caller's environment would mislead
     // the process into waiting for peers that do not exist.
-    plan.unset = {"DEW_COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS", "DEW_POOL_SECRET", "DEW_MULTI_HOST"};
+    plan.unset = {"DEW_COORDINATOR_ADDRESS", "DEW_POOL_SECRET", "DEW_MULTI_HOST"};
+  }
+  // The framework's own rendezvous (jax.distributed, torch's env://) gets a
+  // port of its own, never Dew's: process 0 binds both.
+  std::uint16_t framework_port = derive_port(facts.job_id, facts.step_id, config.framework_port_range);
+  if (dew_port == framework_port) {  // a --dew-port given inside the framework range
+    const PortRange r = config.framework_port_range;
+    framework_port = framework_port == r.high ? r.low : static_cast<std::uint16_t>(framework_port + 1);
+  }
+  for (auto& [name, value] : framework_variables(
+           {pool ? static_cast<int>(facts.global_task) : 0, pool ? static_cast<int>(facts.task_count) : 1,
+            pool ? static_cast<int>(facts.local_task) : 0, pool ? static_cast<int>(facts.local_task_count) : 1,
+            pool ? static_cast<int>(facts.node_id) : 0, framework_host, framework_port})) {
+    set(std::move(name), std::move(value));
   }
 
   auto gpus = task_gpu_binding(facts, options, config, plan.notes);

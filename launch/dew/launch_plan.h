@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "dew/coordinator_port.h"
+#include "dew/framework_env.h"
 #include "dew/result.h"
 #include "dew/watchdog.h"
 
@@ -147,8 +148,12 @@ struct HostDevices {
 
 // Facts the edge gathers before planning.
 struct LaunchFacts {
-  int port = 0;                // the coordinator's port (--port or asked)
-  std::string port_text;       // shown instead of the number when set (a dry run that asks no host)
+  int port = 0;           // the coordinator's port (--port or asked)
+  std::string port_text;  // shown instead of the number when set (a dry run that asks no host)
+  // The framework's coordinator port on the first host (MASTER_PORT,
+  // JAX_COORDINATOR_ADDRESS): from kFrameworkPortRange, free there.
+  int framework_port = 0;
+  std::string framework_port_text;
   std::string secret;          // DEW_POOL_SECRET: 64 hex digits
   std::string launcher_cwd;    // the launcher's current directory
   std::string local_hostname;  // this machine's name
@@ -216,7 +221,8 @@ inline constexpr PortRange kPortRange{};
 // before the launch: with `port`, prints "port=P", a random TCP port from
 // kPortRange that no TCP socket (v4 or v6, any state) uses, or with
 // `wanted_port` (--port) "port=P" if no socket uses that one and
-// "port-busy=P" if one does; with `devices`, prints
+// "port-busy=P" if one does, and "framework-port=F", a free one from
+// kFrameworkPortRange for the framework's coordinator; with `devices`, prints
 // "visible=<CUDA_VISIBLE_DEVICES>" (or "visible-unset") and "gpus=<entries
 // of /proc/driver/nvidia/gpus>". The remote side needs nothing but its shell.
 std::string host_query_script(bool port, bool devices, int wanted_port = 0);
@@ -224,6 +230,7 @@ std::string host_query_script(bool port, bool devices, int wanted_port = 0);
 // What the query printed.
 struct HostAnswer {
   std::optional<int> port;
+  std::optional<int> framework_port;
   std::optional<HostDevices> devices;
 };
 

@@ -154,6 +154,12 @@ struct AxisGroups {
   std::vector<std::vector<int>> processes;
 };
 
+// The groups of `axis` over `values` laid out row-major in `shape` (a
+// mesh's devices, or the processes they sit on): each group's values along
+// the axis, the groups in row-major order of the other axes' coordinates.
+// Needs: values.size() == product(shape), axis < shape.size().
+std::vector<std::vector<int>> groups_along(std::span<const int> shape, std::span<const int> values, int axis);
+
 struct Mesh {
   MeshShape shape{};
   int replicas = 1;

@@ -57,6 +57,12 @@ struct Identity {
   std::optional<Address> coordinator;
   std::string coordinator_from;  // the variable (or rule) it came from
   bool pmix = false;             // a PMIx server is there: PMIx fences and abort are used
+  // Where the training framework's own rendezvous listens (jax.distributed's
+  // coordinator, torch's env:// store): never Dew's coordinator. From
+  // DEW_FRAMEWORK_COORDINATOR (srun --dew-pool, dew launch), else chosen by
+  // process 0 at the join (a free port on its host) and agreed by the pool.
+  std::optional<Address> framework_coordinator;
+  std::string framework_coordinator_from;
 };
 
 struct JoinOptions {
@@ -145,6 +151,14 @@ class Pool {
   int size() const;
   // "tcp", "pmix+tcp" or "none" (one process alone).
   std::string backend() const;
+  // The framework's coordinator the whole pool agreed on (see Identity).
+  const Address& framework_coordinator() const;
+  // What a framework reads to find its rendezvous (dew/framework_env.h):
+  // torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
+  // MASTER_ADDR, MASTER_PORT and JAX_COORDINATOR_ADDRESS, all for this
+  // process and framework_coordinator(). A program sets them before it
+  // initializes torch.distributed or jax.distributed.
+  std::vector<std::pair<std::string, std::string>> framework_variables() const;
 
   // Key-value: put is visible to every later get; get waits up to timeout.
   void put(const std::string& key, const std::string& value);

@@ -5,9 +5,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <regex>
 
+#include "launch_helpers.h"
 #include "srun_output.h"
 #include "test_paths.h"
 
@@ -55,6 +59,89 @@ TEST(PythonSlurm, ARankThatRaisesEndsTheStepNamedOnce) {
   EXPECT_EQ(occurrences(r.err, "Traceback (most recent call last)"), 1) << describe(r);
   EXPECT_EQ(occurrences(r.err, "dew: rank 2 ended with exit code 1"), 1) << describe(r);
   EXPECT_EQ(occurrences(r.err, "dew: rank "), 1) << describe(r);
+}
+
+std::string source(const std::string& path) { return std::string(std::getenv("DEW_SOURCE_ROOT")) + "/" + path; }
+
+bool have_torch() { return run({"/usr/bin/python3", "-c", "import torch"}).exit_code == 0; }
+
+std::vector<double> losses_in(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return {};
+  return nlohmann::json::parse(in).at("losses").get<std::vector<double>>();
+}
+
+double largest_gap(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size() || a.empty()) return 1e300;
+  double gap = 0;
+  for (std::size_t k = 0; k < a.size(); ++k) gap = std::max(gap, std::abs(a[k] - b[k]));
+  return gap;
+}
+
+// A DDP script as torch users write them (tests/python/torch_ddp.py): unchanged
+// under srun --dew-pool, and with dew.prepare_process() on top under --dew-pool
+// and --mpi=pmix; its losses against one task's (srun --dew-pool -n1, which
+// gets RANK=0 WORLD_SIZE=1 and a port of its own too).
+TEST(PythonSlurm, ATorchDdpScriptRunsUnderSrunAndMatchesOneProcess) {
+  if (module_dir().empty()) GTEST_SKIP() << "the dew Python module is not built (pybind11-dev missing)";
+  if (!have_torch()) GTEST_SKIP() << "python3-torch is not installed (scripts/install-deps installs it)";
+  TempDir dir;
+  const std::string ddp = source("tests/python/torch_ddp.py");
+  const std::map<std::string, std::string> env = {{"PYTHONPATH", module_dir()}};
+  auto one =
+      cluster().srun({"--dew-pool", "-n1", "/usr/bin/python3", ddp, "--out", dir.path() + "/one.json"}, env, 120s);
+  ASSERT_EQ(one.exit_code, 0) << describe(one);
+  const auto reference = losses_in(dir.path() + "/one.json");
+  ASSERT_EQ(reference.size(), 8u);
+  const std::vector<std::pair<std::string, std::vector<std::string>>> runs = {
+      {"unmodified", {"--dew-pool", "--dew-coordinator=127.0.0.1"}},
+      {"dew", {"--dew-pool", "--dew-coordinator=127.0.0.1"}},
+      {"dew", {"--mpi=pmix"}},
+  };
+  int k = 0;
+  for (const auto& [script_mode, mode] : runs) {
+    SCOPED_TRACE(script_mode + " " + mode.front());
+    const std::string out = dir.path() + "/pool" + std::to_string(k++) + ".json";
+    std::vector<std::string> args = mode;
+    args.insert(args.end(), {"-N2", "--ntasks-per-node=2", "/usr/bin/python3", ddp, "--out", out});
+    if (script_mode == "dew") args.push_back("--dew");
+    auto r = cluster().srun(args, env, 120s);
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    EXPECT_LT(largest_gap(losses_in(out), reference), 1e-6) << r.out;
+  }
+}
+
+// The raise's own time against srun's return: every task gone within a second.
+TEST(PythonSlurm, ATorchRankRaisingAtStep5EndsTheStepWithinASecondNamedOnce) {
+  if (module_dir().empty()) GTEST_SKIP() << "the dew Python module is not built (pybind11-dev missing)";
+  if (!have_torch()) GTEST_SKIP() << "python3-torch is not installed (scripts/install-deps installs it)";
+  auto r =
+      cluster().srun({"--dew-pool", "--dew-coordinator=127.0.0.1", "-N2", "--ntasks-per-node=2", "/usr/bin/python3",
+                      source("tests/python/torch_ddp.py"), "--dew", "--fail-rank", "2", "--fail-step", "5"},
+                     {{"PYTHONPATH", module_dir()}}, 120s);
+  const double ended = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  std::smatch raised;
+  ASSERT_TRUE(std::regex_search(r.out, raised, std::regex(R"(RAISING ([0-9.]+))"))) << describe(r);
+  EXPECT_LT(ended - std::stod(raised[1].str()), 1.0) << describe(r);
+  EXPECT_EQ(occurrences(r.err, "Traceback (most recent call last)"), 1) << describe(r);
+  EXPECT_EQ(occurrences(r.err, "dew: rank 2 ended with exit code 1"), 1) << describe(r);
+}
+
+// What JAX's coordinator (and torch's TCPStore) does after prepare_process():
+// process 0 binds the framework's address, the others connect; never Dew's port.
+TEST(PythonSlurm, TheFrameworksCoordinatorIsBoundByProcess0AndReachedByThePeers) {
+  if (module_dir().empty()) GTEST_SKIP() << "the dew Python module is not built (pybind11-dev missing)";
+  for (const std::vector<std::string>& mode : {std::vector<std::string>{"--dew-pool", "--dew-coordinator=127.0.0.1"},
+                                               std::vector<std::string>{"--mpi=pmix"}}) {
+    SCOPED_TRACE(mode.front());
+    std::vector<std::string> args = mode;
+    args.insert(args.end(), {"-N2", "--ntasks-per-node=2", "/usr/bin/python3", script(), "framework"});
+    auto r = cluster().srun(args, {{"PYTHONPATH", module_dir()}}, 60s);
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    EXPECT_EQ(occurrences(r.out, "FRAMEWORK "), 4) << describe(r);
+    EXPECT_EQ(occurrences(r.out, "\"heard\": [1, 2, 3]"), 1) << r.out;
+  }
 }
 
 }  // namespace

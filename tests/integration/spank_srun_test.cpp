@@ -41,6 +41,8 @@ TEST(SrunDewPool, EveryTaskOfTwoNodesGetsItsIdentityAndOneCoordinator) {
   const auto job = static_cast<std::uint32_t>(std::stoul(tasks[0]["SLURM_JOB_ID"]));
   const auto step = static_cast<std::uint32_t>(std::stoul(tasks[0]["SLURM_STEP_ID"]));
   const auto expected_address = "n1:" + std::to_string(dew::derive_port(job, step, dew::PortRange{}));
+  // The framework's rendezvous: the same node, a port of its own.
+  const auto framework_port = std::to_string(dew::derive_port(job, step, dew::kFrameworkPortRange));
   std::map<std::string, int> tasks_per_node;
   for (auto& [rank, env] : tasks) ++tasks_per_node[env["SLURM_NODEID"]];
   EXPECT_EQ(tasks_per_node.size(), 2u) << "both nodes run tasks";
@@ -54,7 +56,15 @@ TEST(SrunDewPool, EveryTaskOfTwoNodesGetsItsIdentityAndOneCoordinator) {
     EXPECT_EQ(env["DEW_LOCAL_PROCESS_COUNT"], std::to_string(tasks_per_node[env["SLURM_NODEID"]]));
     EXPECT_EQ(env["DEW_NODE_ID"], env["SLURM_NODEID"]);
     EXPECT_EQ(env["DEW_COORDINATOR_ADDRESS"], expected_address);
-    EXPECT_EQ(env["JAX_COORDINATOR_ADDRESS"], expected_address);
+    EXPECT_EQ(env["JAX_COORDINATOR_ADDRESS"], "n1:" + framework_port);
+    // torchrun's contract, for an unmodified init_process_group("gloo").
+    EXPECT_EQ(env["MASTER_ADDR"], "n1");
+    EXPECT_EQ(env["MASTER_PORT"], framework_port);
+    EXPECT_EQ(env["RANK"], env["SLURM_PROCID"]);
+    EXPECT_EQ(env["WORLD_SIZE"], "4");
+    EXPECT_EQ(env["LOCAL_RANK"], env["SLURM_LOCALID"]);
+    EXPECT_EQ(env["LOCAL_WORLD_SIZE"], env["DEW_LOCAL_PROCESS_COUNT"]);
+    EXPECT_EQ(env["GROUP_RANK"], env["SLURM_NODEID"]);
     EXPECT_TRUE(std::regex_match(env["DEW_POOL_SECRET"], std::regex("[0-9a-f]{64}"))) << env["DEW_POOL_SECRET"];
     secrets.insert(env["DEW_POOL_SECRET"]);
     EXPECT_EQ(env.count("SLURM_DEW_POOL_SECRET"), 0u) << "the carrier variable is removed";
@@ -238,7 +248,10 @@ TEST(SrunDewPool, SingleTaskFormsNoPoolUnlessMultiHost) {
   EXPECT_EQ(env["DEW_PROCESS_ID"], "0");
   EXPECT_EQ(env["DEW_PROCESS_COUNT"], "1");
   EXPECT_EQ(env.count("DEW_COORDINATOR_ADDRESS"), 0u) << "an inherited coordinator is removed";
-  EXPECT_EQ(env.count("JAX_COORDINATOR_ADDRESS"), 0u);
+  // One task's framework rendezvous is on its own machine.
+  EXPECT_THAT(env["JAX_COORDINATOR_ADDRESS"], ::testing::StartsWith("127.0.0.1:"));
+  EXPECT_EQ(env["RANK"], "0");
+  EXPECT_EQ(env["WORLD_SIZE"], "1");
   EXPECT_EQ(env.count("DEW_POOL_SECRET"), 0u);
 
   r = cluster().srun({"--dew-pool", "--dew-multi-host", "-N1", "-n1", "-l", "env"}, {}, 30s);

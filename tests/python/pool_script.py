@@ -2,6 +2,8 @@
 (dew launch, srun --dew-pool, srun --mpi=pmix) in the tests.
 
     pool_script.py exchange        join, agree, all-gather, put/get; print the mesh and the kwargs
+    pool_script.py framework       what JAX's coordinator does: process 0 listens at the address
+                                   jax_distributed_kwargs() gives, every other process connects to it
     pool_script.py raise RANK      RANK's data loader raises after the first agreement
     pool_script.py sleep RANK      RANK raises; the others sleep in time.sleep (C code)
     pool_script.py agree RANK      RANK raises; the others wait in an agreement
@@ -38,6 +40,9 @@ def main():
         }), flush=True)
         pool.agree("end")
         return
+    if mode == "framework":
+        framework_rendezvous(pool)
+        return
     failing = int(sys.argv[2])
     if mode == "unflushed":
         import logging
@@ -71,6 +76,30 @@ def main():
     elif mode == "agree":
         pool.agree("never")
     time.sleep(600)
+
+
+def framework_rendezvous(pool):
+    import socket
+    address = pool.jax_distributed_kwargs()["coordinator_address"]
+    host, port = address.rsplit(":", 1)
+    assert address == pool.coordinator == os.environ["JAX_COORDINATOR_ADDRESS"], (address, pool.coordinator)
+    assert (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]) == (host, port)
+    assert os.environ["RANK"] == str(pool.rank) and os.environ["WORLD_SIZE"] == str(pool.size)
+    heard = []
+    if pool.rank == 0:
+        server = socket.create_server(("", int(port)))  # JAX's coordinator binds every address
+        pool.agree("listening")
+        for _ in range(pool.size - 1):
+            connection, _ = server.accept()
+            heard.append(int(connection.recv(16).decode()))
+            connection.close()
+    else:
+        pool.agree("listening")
+        with socket.create_connection((host, int(port)), timeout=30) as connection:
+            connection.sendall(str(pool.rank).encode())
+    print("FRAMEWORK " + json.dumps({"rank": pool.rank, "address": address, "heard": sorted(heard),
+                                     "dew": os.environ.get("DEW_COORDINATOR_ADDRESS")}), flush=True)
+    pool.agree("done")
 
 
 def load_batch(rank):

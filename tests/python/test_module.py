@@ -126,7 +126,8 @@ class Pools(unittest.TestCase):
             self.assertIn("--xla_gpu_execution_terminate_timeout=30m", r["xla_flags"])
             env = subprocess.run([DEW, "env", "--json"], capture_output=True, text=True,
                                  env=dict(os.environ, DEW_PROCESS_ID=str(rank), DEW_PROCESS_COUNT="4",
-                                          DEW_COORDINATOR_ADDRESS=r["kwargs"]["coordinator_address"],
+                                          DEW_COORDINATOR_ADDRESS="127.0.0.1:20001",
+                                          DEW_FRAMEWORK_COORDINATOR=r["kwargs"]["coordinator_address"],
                                           DEW_POOL_SECRET="ab" * 32, JAX_LOCAL_DEVICE_IDS="0,1"))
             self.assertEqual(r["kwargs"]["local_device_ids"], [0, 1])
             self.assertEqual(r["kwargs"], json.loads(env.stdout)["jax_distributed_initialize"])

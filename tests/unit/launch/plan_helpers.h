@@ -20,6 +20,7 @@ inline LaunchOptions options_with(std::vector<std::string> command) {
 inline LaunchFacts facts() {
   LaunchFacts f;
   f.port = 41234;
+  f.framework_port = 11234;
   f.secret = std::string(64, 'a');
   f.launcher_cwd = "/work/here";
   f.local_hostname = "me";

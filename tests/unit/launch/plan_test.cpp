@@ -136,7 +136,15 @@ TEST(LaunchPlan, FourLocalProcessesGetTheirIdentities) {
     EXPECT_EQ(env["DEW_LOCAL_PROCESS_ID"], std::to_string(k));
     EXPECT_EQ(env["DEW_LOCAL_PROCESS_COUNT"], "4");
     EXPECT_EQ(env["DEW_COORDINATOR_ADDRESS"], "127.0.0.1:41234");
-    EXPECT_EQ(env["JAX_COORDINATOR_ADDRESS"], "127.0.0.1:41234");
+    // The framework's rendezvous: the same host, a port of its own.
+    EXPECT_EQ(env["JAX_COORDINATOR_ADDRESS"], "127.0.0.1:11234");
+    EXPECT_EQ(env["MASTER_ADDR"], "127.0.0.1");
+    EXPECT_EQ(env["MASTER_PORT"], "11234");
+    EXPECT_EQ(env["RANK"], std::to_string(k));
+    EXPECT_EQ(env["WORLD_SIZE"], "4");
+    EXPECT_EQ(env["LOCAL_RANK"], std::to_string(k));
+    EXPECT_EQ(env["LOCAL_WORLD_SIZE"], "4");
+    EXPECT_EQ(env["GROUP_RANK"], "0");
     EXPECT_EQ(env["DEW_POOL_SECRET"], std::string(64, 'a'));
     EXPECT_EQ(env["A"], "1");
     EXPECT_EQ(env.count("CUDA_VISIBLE_DEVICES"), 0u) << "without --devices-per-process every device";
@@ -339,10 +347,11 @@ TEST(DryRun, OneLinePerProcessThatPastesIntoBash) {
   const std::string local = dry_run_line(plan.processes[0]);
   EXPECT_EQ(local,
             "0 localhost: env -C /work/here DEW_PROCESS_ID=0 DEW_PROCESS_COUNT=2 DEW_LOCAL_PROCESS_ID=0 "
-            "DEW_LOCAL_PROCESS_COUNT=1 DEW_COORDINATOR_ADDRESS=me:41234 JAX_COORDINATOR_ADDRESS=me:41234 "
-            "DEW_POOL_SECRET=" +
+            "DEW_LOCAL_PROCESS_COUNT=1 DEW_COORDINATOR_ADDRESS=me:41234 DEW_POOL_SECRET=" +
                 std::string(64, 'a') +
-                " DEW_LINES_PREFIXED=1 $'V=a\\nb' XLA_FLAGS=--xla_gpu_execution_terminate_timeout=30m DEW_WATCHDOG=30m "
+                " DEW_LINES_PREFIXED=1 DEW_FRAMEWORK_COORDINATOR=me:11234 JAX_COORDINATOR_ADDRESS=me:11234 "
+                "MASTER_ADDR=me MASTER_PORT=11234 RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 GROUP_RANK=0 "
+                "$'V=a\\nb' XLA_FLAGS=--xla_gpu_execution_terminate_timeout=30m DEW_WATCHDOG=30m "
                 "/bin/echo 'x y'");
   const std::string remote = dry_run_line(plan.processes[1]);
   EXPECT_THAT(remote, StartsWith("1 n1: ssh -o BatchMode=yes -- n1 $'sh -c \\'IFS= read -r DEW_POOL_SECRET"));

@@ -107,7 +107,7 @@ TEST(HostQuery, AGivenPortIsCheckedFreeOnTheHost) {
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
   const int busy = ntohs(address.sin_port);
   auto r = dew::testing::run({"/bin/sh", "-c", host_query_script(true, false, busy)});
-  EXPECT_EQ(r.out, "port-busy=" + std::to_string(busy) + "\n");
+  EXPECT_THAT(r.out, StartsWith("port-busy=" + std::to_string(busy) + "\n"));
   EXPECT_EQ(dew::testing::message_of(parse_host_reply(r.out, "node0", true, false), ErrorCode::kUnavailable),
             "--port " + std::to_string(busy) +
                 ": the port is in use on node0; allowed: a port no socket uses there (or "
@@ -126,6 +126,10 @@ TEST(HostQuery, TheScriptPrintsAPortNoSocketUsesAndTheGpus) {
   ASSERT_TRUE(answer.value().port && answer.value().devices);
   EXPECT_GE(*answer.value().port, kPortRange.low);
   EXPECT_LE(*answer.value().port, kPortRange.high);
+  // And one for the framework's coordinator, from its own range.
+  ASSERT_TRUE(answer.value().framework_port) << r.out;
+  EXPECT_GE(*answer.value().framework_port, kFrameworkPortRange.low);
+  EXPECT_LE(*answer.value().framework_port, kFrameworkPortRange.high);
   // Random each time: mawk clips a seed above 2^31 - 1, so the script
   // reduces it first (six draws, at most one repeat allowed).
   std::set<std::string> draws;
@@ -145,14 +149,16 @@ TEST(HostQuery, TheGpuFactsComeFromTheRemoteShell) {
 }
 
 TEST(HostQuery, Replies) {
-  EXPECT_EQ(parse_host_reply("port=41234\n", "h", true, false).value().port, 41234);
+  EXPECT_EQ(parse_host_reply("port=41234\nframework-port=11234\n", "h", true, false).value().port, 41234);
+  EXPECT_EQ(parse_host_reply("port=41234\nframework-port=11234\n", "h", true, false).value().framework_port, 11234);
+  dew::testing::invalid_argument_of(parse_host_reply("port=41234\n", "h", true, false));
   const auto answer = parse_host_reply("visible=0,1\r\ngpus=2\n", "h", false, true);
   ASSERT_TRUE(answer.ok());
   EXPECT_EQ(answer.value().devices->visible_devices, "0,1");
   EXPECT_EQ(answer.value().devices->gpu_count, 2u);
   EXPECT_EQ(dew::testing::invalid_argument_of(parse_host_reply("bash: awk: command not found\n", "node0", true, false)),
             "the query on node0 answered an unexpected line 'bash: awk: command not found'; expected the lines "
-            "port=N, visible=LIST or visible-unset, gpus=N (give --port to skip the port query)");
+            "port=N, framework-port=N, visible=LIST or visible-unset, gpus=N (give --port to skip the port query)");
   for (const char* bad : {"", "port=70000", "port=x", "gpus=-1\nvisible-unset", "visible-unset"}) {
     dew::testing::invalid_argument_of(parse_host_reply(bad, "h", true, true));
   }

@@ -277,3 +277,35 @@ TEST(MeshJsonTest, SeedPoolJsonMatchesPoolJson) {
 
 }  // namespace
 }  // namespace dew::mesh
+
+namespace dew::mesh {
+namespace {
+
+// groups_along: the one rule for an axis's groups (build_mesh's, and the
+// torch groups of the Python module).
+TEST(GroupsAlong, EachGroupRunsAlongItsAxisInRowMajorOrderOfTheOthers) {
+  const std::vector<int> shape = {2, 3};
+  const std::vector<int> values = {0, 1, 2, 3, 4, 5};
+  EXPECT_EQ(groups_along(shape, values, 0), (std::vector<std::vector<int>>{{0, 3}, {1, 4}, {2, 5}}));
+  EXPECT_EQ(groups_along(shape, values, 1), (std::vector<std::vector<int>>{{0, 1, 2}, {3, 4, 5}}));
+  const std::vector<int> hybrid = {2, 1, 2, 1, 1, 1};  // data=2 fsdp=2, as build_mesh shapes a hybrid mesh
+  const std::vector<int> ranks = {0, 1, 2, 3};
+  EXPECT_EQ(groups_along(hybrid, ranks, 0), (std::vector<std::vector<int>>{{0, 2}, {1, 3}}));
+  EXPECT_EQ(groups_along(hybrid, ranks, 2), (std::vector<std::vector<int>>{{0, 1}, {2, 3}}));
+  EXPECT_EQ(groups_along(hybrid, ranks, 1).size(), 4u) << "an axis of size 1: one group per entry";
+}
+
+TEST(GroupsAlong, AMeshsGroupsAreItsDevicesAlongEachAxis) {
+  MeshSpec spec;
+  spec.sizes[2] = 2;  // fsdp
+  spec.replicas = 2;
+  auto built = build_mesh(spec, cpu_pool(4, 2));
+  ASSERT_TRUE(built.ok()) << built.error().message;
+  const Mesh& m = built.value();
+  for (int axis = 0; axis < kAxisCount; ++axis) {
+    EXPECT_EQ(m.groups[axis].devices, groups_along(m.shape, m.devices, axis)) << kMeshAxes[axis];
+  }
+}
+
+}  // namespace
+}  // namespace dew::mesh

@@ -41,6 +41,16 @@ TEST(PlugstackArgs, WatchdogOffAndSinglePortRange) {
   EXPECT_TRUE(config.value().kill_on_bad_exit);
 }
 
+TEST(PlugstackArgs, AFrameworkRangeSharingAPortWithDewsIsRefusedNamingBoth) {
+  EXPECT_THAT(error_of(parse_plugstack_args({"port_range=15000-15100"})),
+              HasSubstr("plugstack.conf: framework_port_range 10000-19999 shares ports with port_range 15000-15100"));
+  auto moved = parse_plugstack_args({"port_range=15000-15100", "framework_port_range=16000-16999"});
+  ASSERT_TRUE(moved.ok()) << moved.error().message;
+  EXPECT_EQ(moved.value().framework_port_range, (PortRange{16000, 16999}));
+  EXPECT_THAT(error_of(parse_plugstack_args({"framework_port_range=9-1"})),
+              HasSubstr("plugstack.conf framework_port_range"));
+}
+
 TEST(PlugstackArgs, UnknownKeyNamesItAndTheAllowedOnes) {
   auto message = error_of(parse_plugstack_args({"prot_range=1-2"}));
   EXPECT_THAT(message, HasSubstr("unknown argument 'prot_range=1-2'"));

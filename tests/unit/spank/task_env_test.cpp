@@ -44,6 +44,8 @@ std::map<std::string, std::string> env_of(const Result<EnvPlan>& plan) {
 TEST(PlanTaskEnvironment, PoolOfFourOnTwoNodes) {
   const PlugstackConfig config;
   const auto port = std::to_string(derive_port(42, 3, config.port_range));
+  const auto framework_port = std::to_string(derive_port(42, 3, kFrameworkPortRange));
+  ASSERT_NE(port, framework_port);
   for (std::uint32_t rank = 0; rank < 4; ++rank) {
     auto env = env_of(plan_task_environment(four_tasks_on_two_nodes(rank), pool(), config));
     EXPECT_EQ(env["DEW_PROCESS_ID"], std::to_string(rank));
@@ -52,7 +54,16 @@ TEST(PlanTaskEnvironment, PoolOfFourOnTwoNodes) {
     EXPECT_EQ(env["DEW_LOCAL_PROCESS_COUNT"], "2");
     EXPECT_EQ(env["DEW_NODE_ID"], std::to_string(rank / 2));
     EXPECT_EQ(env["DEW_COORDINATOR_ADDRESS"], "gpu07:" + port);
-    EXPECT_EQ(env["JAX_COORDINATOR_ADDRESS"], "gpu07:" + port);
+    // The framework's coordinator: the same host, its own port.
+    EXPECT_EQ(env["JAX_COORDINATOR_ADDRESS"], "gpu07:" + framework_port);
+    EXPECT_EQ(env["DEW_FRAMEWORK_COORDINATOR"], "gpu07:" + framework_port);
+    EXPECT_EQ(env["MASTER_ADDR"], "gpu07");
+    EXPECT_EQ(env["MASTER_PORT"], framework_port);
+    EXPECT_EQ(env["RANK"], std::to_string(rank));
+    EXPECT_EQ(env["WORLD_SIZE"], "4");
+    EXPECT_EQ(env["LOCAL_RANK"], std::to_string(rank % 2));
+    EXPECT_EQ(env["LOCAL_WORLD_SIZE"], "2");
+    EXPECT_EQ(env["GROUP_RANK"], std::to_string(rank / 2));
     EXPECT_EQ(env["DEW_POOL_SECRET"], "s3cret");
     EXPECT_EQ(env["XLA_FLAGS"], "--xla_gpu_execution_terminate_timeout=30m");
     EXPECT_EQ(env.count("CUDA_VISIBLE_DEVICES"), 0u);
@@ -73,6 +84,8 @@ TEST(PlanTaskEnvironment, OptionsOverridePlugstackDefaults) {
   facts.visible_devices = "0,1";
   auto env = env_of(plan_task_environment(facts, options, config));
   EXPECT_EQ(env["DEW_COORDINATOR_ADDRESS"], "head.example:31337");
+  EXPECT_EQ(env["MASTER_ADDR"], "head.example");
+  EXPECT_EQ(env["JAX_COORDINATOR_ADDRESS"], "head.example:" + std::to_string(derive_port(42, 3, kFrameworkPortRange)));
   EXPECT_EQ(env.count("XLA_FLAGS"), 0u);
   EXPECT_EQ(env["DEW_WATCHDOG"], "off") << "libdew and Python hear it too";
   EXPECT_EQ(env["CUDA_VISIBLE_DEVICES"], "1");
@@ -184,8 +197,30 @@ TEST(PlanTaskEnvironment, SingleTaskFormsNoPool) {
   EXPECT_EQ(env["DEW_PROCESS_COUNT"], "1");
   EXPECT_EQ(env.count("DEW_COORDINATOR_ADDRESS"), 0u);
   EXPECT_EQ(env.count("DEW_POOL_SECRET"), 0u);
-  EXPECT_THAT(plan.value().unset, UnorderedElementsAre("DEW_COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS",
-                                                       "DEW_POOL_SECRET", "DEW_MULTI_HOST"));
+  EXPECT_THAT(plan.value().unset, UnorderedElementsAre("DEW_COORDINATOR_ADDRESS", "DEW_POOL_SECRET", "DEW_MULTI_HOST"));
+  // A torch or JAX script alone still finds its (one-process) rendezvous here.
+  EXPECT_EQ(env["RANK"], "0");
+  EXPECT_EQ(env["WORLD_SIZE"], "1");
+  EXPECT_EQ(env["MASTER_ADDR"], "127.0.0.1");
+  EXPECT_EQ(env["JAX_COORDINATOR_ADDRESS"], "127.0.0.1:" + std::to_string(derive_port(9, 0, kFrameworkPortRange)));
+}
+
+TEST(PlanTaskEnvironment, ADewPortGivenInsideTheFrameworkRangeNeverBecomesTheFrameworkPort) {
+  PlugstackConfig config;
+  auto options = pool();
+  options.port = derive_port(42, 3, config.framework_port_range);
+  auto env = env_of(plan_task_environment(four_tasks_on_two_nodes(0), options, config));
+  EXPECT_EQ(env["DEW_COORDINATOR_ADDRESS"], "gpu07:" + std::to_string(*options.port));
+  EXPECT_NE(env["MASTER_PORT"], std::to_string(*options.port));
+  EXPECT_EQ(env["MASTER_PORT"], std::to_string(*options.port + 1));
+}
+
+TEST(PlanTaskEnvironment, AnAdminsFrameworkRangeIsWhereTheFrameworkPortComesFrom) {
+  auto config = parse_plugstack_args({"port_range=35000-35000", "framework_port_range=36000-36000"});
+  ASSERT_TRUE(config.ok()) << config.error().message;
+  auto env = env_of(plan_task_environment(four_tasks_on_two_nodes(3), pool(), config.value()));
+  EXPECT_EQ(env["DEW_COORDINATOR_ADDRESS"], "gpu07:35000");
+  EXPECT_EQ(env["MASTER_PORT"], "36000");
 }
 
 TEST(PlanTaskEnvironment, SingleTaskWithMultiHostFormsAPool) {

@@ -1,0 +1,184 @@
+"""PyTorch through Dew's door, with Debian's python3-torch (CPU, gloo): a DDP
+script written as torch users write them, unchanged under `dew launch` and
+with `dew.prepare_process()` under `dew launch` and `mpirun`; its losses
+against one process; a rank that raises; the hybrid example
+(examples/torch_hybrid.py); dew.torch_process_groups; and the framework's
+coordinator, which JAX's and torch's rendezvous bind, never Dew's port.
+Under Slurm: tests/integration/python_slurm_test.cpp.
+
+Run by meson test with PYTHONPATH=<build>/python, DEW_EXE and
+DEW_SOURCE_ROOT set."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+import dew
+
+DEW = os.environ.get("DEW_EXE", "dew")
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.environ.get("DEW_SOURCE_ROOT", os.path.dirname(os.path.dirname(HERE)))
+DDP = os.path.join(HERE, "torch_ddp.py")
+POOL_SCRIPT = os.path.join(HERE, "pool_script.py")
+HYBRID = os.path.join(ROOT, "examples", "torch_hybrid.py")
+PYTHON = "/usr/bin/python3"
+
+try:
+    import torch  # noqa: F401
+    import torch.distributed as dist
+    HAVE_TORCH = True
+except ImportError:
+    HAVE_TORCH = False
+
+
+def run(argv, timeout=120, env=None):
+    start = time.monotonic()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=dict(os.environ, **(env or {})))
+    return done, time.monotonic() - start
+
+
+def launch(count, *argv, timeout=120):
+    return run([DEW, "launch", "--processes-per-host", str(count), "--", PYTHON, *argv], timeout)
+
+
+def mpirun(count, *argv, timeout=120):
+    return run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(count), "-x", "PYTHONPATH", PYTHON,
+                *argv], timeout)
+
+
+def losses_of(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+@unittest.skipUnless(HAVE_TORCH, "python3-torch is not installed (scripts/install-deps installs it)")
+class TorchDdp(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="dew-torch-")
+        one = os.path.join(cls.dir, "one.json")
+        done, _ = launch(1, DDP, "--out", one)  # one process: the reference
+        assert done.returncode == 0, done.stderr
+        cls.one = losses_of(one)["losses"]
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def check_against_one_process(self, path, world):
+        got = losses_of(path)
+        self.assertEqual(got["world"], world)
+        self.assertEqual(len(got["losses"]), len(self.one))
+        gap = max(abs(a - b) for a, b in zip(got["losses"], self.one))
+        self.assertLess(gap, 1e-6, (got["losses"], self.one))
+        return got
+
+    def test_an_unmodified_ddp_script_runs_under_dew_launch_and_matches_one_process(self):
+        out = os.path.join(self.dir, "unmodified.json")
+        done, _ = launch(4, DDP, "--out", out)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        got = self.check_against_one_process(out, 4)
+        self.assertEqual(got["env"]["RANK"], "0")
+        self.assertEqual(got["env"]["LOCAL_WORLD_SIZE"], "4")
+        self.assertEqual(got["env"]["MASTER_ADDR"], "127.0.0.1")
+        self.assertGreaterEqual(int(got["env"]["MASTER_PORT"]), 10000)
+        self.assertLessEqual(int(got["env"]["MASTER_PORT"]), 19999)
+
+    def test_with_prepare_process_under_dew_launch_and_mpirun_it_matches_one_process(self):
+        for name, start in (("dew launch", launch), ("mpirun", mpirun)):
+            with self.subTest(launcher=name):
+                if name == "mpirun" and shutil.which("mpirun") is None:
+                    self.skipTest("mpirun not installed (openmpi-bin, from scripts/install-deps)")
+                out = os.path.join(self.dir, f"dew-{name.replace(' ', '-')}.json")
+                done, _ = start(4, DDP, "--dew", "--out", out)
+                self.assertEqual(done.returncode, 0, done.stderr)
+                self.check_against_one_process(out, 4)
+
+    def test_a_rank_raising_at_step_5_ends_every_process_within_a_second_named_once(self):
+        for keep_alive in (False, True):
+            with self.subTest(keep_alive=keep_alive):
+                argv = [DDP, "--dew", "--fail-rank", "2", "--fail-step", "5"] + (["--keep-alive"] if keep_alive else [])
+                done, seconds = launch(4, *argv)
+                ended = time.time()
+                self.assertEqual(done.returncode, 1, done.stderr)
+                raised = float(re.search(r"\[2\] RAISING ([0-9.]+)", done.stdout).group(1))
+                self.assertLess(ended - raised, 1.0, done.stderr)
+                self.assertEqual(done.stderr.count("Traceback (most recent call last)"), 1, done.stderr)
+                self.assertEqual(done.stderr.count("[2] RuntimeError: data loader of rank 2 failed at step 5"), 1)
+                self.assertIn("dew launch: rank 2 on localhost ended with exit code 1", done.stderr)
+                for peer in (0, 1, 3):
+                    self.assertIn(f"[{peer}] ending: process 2 failed: uncaught exception: RuntimeError", done.stderr)
+
+    def test_the_hybrid_example_matches_one_process(self):
+        one, pool = os.path.join(self.dir, "hybrid-one.json"), os.path.join(self.dir, "hybrid-pool.json")
+        done, _ = run([PYTHON, HYBRID, "--out", one])
+        self.assertEqual(done.returncode, 0, done.stderr)
+        done, _ = launch(4, HYBRID, "--fsdp", "2", "--out", pool)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        a, b = losses_of(one), losses_of(pool)
+        self.assertEqual((b["world"], b["fsdp"]), (4, 2))
+        self.assertEqual(b["axes_with_groups"], ["data", "fsdp"])
+        self.assertLess(max(abs(x - y) for x, y in zip(a["losses"], b["losses"])), 1e-6)
+
+
+@unittest.skipUnless(HAVE_TORCH, "python3-torch is not installed (scripts/install-deps installs it)")
+class TorchProcessGroups(unittest.TestCase):
+    def test_bad_calls_name_what_is_wrong(self):
+        ids, names = dew.build_mesh(dew.MeshSpec(fsdp=2), processes=2)
+        with self.assertRaises(ValueError) as raised:
+            dew.torch_process_groups(ids, names)
+        self.assertIn("torch.distributed is not initialized", str(raised.exception))
+        with tempfile.TemporaryDirectory() as d:
+            dist.init_process_group("gloo", init_method=f"file://{d}/store", rank=0, world_size=1)
+            try:
+                with self.assertRaises(ValueError) as raised:
+                    dew.torch_process_groups(ids, names)  # a mesh of 2 ranks in a world of 1
+                self.assertIn("ids holds device 1", str(raised.exception))
+                with self.assertRaises(ValueError) as raised:
+                    dew.torch_process_groups(ids, names[:2])
+                self.assertIn("ids has 6 axes but names has 2", str(raised.exception))
+                one, names = dew.build_mesh(dew.MeshSpec(fsdp=1), processes=1)
+                self.assertEqual(dew.torch_process_groups(one, names), {n: None for n in names})
+            finally:
+                dist.destroy_process_group()
+
+
+class FrameworkCoordinator(unittest.TestCase):
+    """What JAX's coordinator and torch's TCPStore do after prepare_process():
+    process 0 binds the address jax_distributed_kwargs() gives, the peers
+    connect to it; never Dew's own port."""
+
+    def check(self, done):
+        self.assertEqual(done.returncode, 0, done.stderr)
+        found = [json.loads(m) for m in re.findall(r"FRAMEWORK (.*)", done.stdout)]
+        self.assertEqual(len(found), 3, done.stdout)
+        zero = next(f for f in found if f["rank"] == 0)
+        self.assertEqual(zero["heard"], [1, 2])
+        self.assertEqual({f["address"] for f in found}, {zero["address"]})
+        if zero["dew"]:
+            self.assertNotEqual(zero["address"], zero["dew"])
+        return zero["address"]
+
+    def test_process_0_binds_it_and_the_peers_connect_under_dew_launch_and_mpirun(self):
+        self.check(launch(3, POOL_SCRIPT, "framework")[0])
+        if shutil.which("mpirun"):
+            self.check(mpirun(3, POOL_SCRIPT, "framework")[0])
+
+    def test_two_pools_at_once_get_distinct_framework_ports(self):
+        argv = [DEW, "launch", "--processes-per-host", "3", "--", PYTHON, POOL_SCRIPT, "framework"]
+        first = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        second = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        addresses = []
+        for child in (first, second):
+            out, err = child.communicate(timeout=120)
+            addresses.append(self.check(subprocess.CompletedProcess(argv, child.returncode, out, err)))
+        self.assertNotEqual(addresses[0], addresses[1])
+
+
+if __name__ == "__main__":
+    unittest.main()
