@@ -181,7 +181,9 @@ std::vector<Running*> Supervisor::collect() {
       if (p->io.pid != pid || !p->alive) continue;
       p->alive = false;
       p->status = status;
-      if (awaited_ && p->rank == *awaited_) exit_code_ = exit_code_of(status);
+      // The blamed process ending as a peer (75, its own failure published
+      // before it froze) still failed: never 75, which says "not me".
+      if (awaited_ && p->rank == *awaited_) exit_code_ = is_peer_failure(status) ? 1 : exit_code_of(status);
       // Whatever else its group still runs goes with it.
       kill(-pid, stopping_ ? SIGKILL : 0);
       if (!stopping_ && status != 0) failed.push_back(p.get());

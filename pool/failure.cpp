@@ -34,13 +34,13 @@ std::string g_join_failure;
 std::unique_ptr<PmixSession> g_join_pmix;  // a failed join's PMIx session
 
 std::mutex g_before_exit_mutex;
-std::function<void()> g_before_exit;
+std::function<void(int)> g_before_exit;
 
 // Runs the program's hook on a thread of its own and waits for it at most
-// kBeforeExitBound: a hook stuck (a lock held by the thread that failed) must
-// not hold the process.
-void run_before_exit() {
-  std::function<void()> hook;
+// `bound` (Settings::exit_bound): a hook stuck (a lock held by the thread
+// that failed, a finally: blocked in C code) must not hold the process.
+void run_before_exit(std::chrono::milliseconds bound, int exit_code) {
+  std::function<void(int)> hook;
   {
     std::lock_guard lock(g_before_exit_mutex);
     hook = std::exchange(g_before_exit, nullptr);
@@ -52,9 +52,9 @@ void run_before_exit() {
     bool done = false;
   };
   auto done = std::make_shared<Done>();
-  std::thread([hook = std::move(hook), done] {
+  std::thread([hook = std::move(hook), done, exit_code] {
     try {
-      hook();
+      hook(exit_code);
     } catch (...) {  // the process is ending: nothing to report it to
     }
     std::lock_guard lock(done->mutex);
@@ -62,7 +62,7 @@ void run_before_exit() {
     done->changed.notify_all();
   }).detach();
   std::unique_lock lock(done->mutex);
-  done->changed.wait_for(lock, timings::kBeforeExitBound, [&] { return done->done; });
+  done->changed.wait_for(lock, bound, [&] { return done->done; });
 }
 
 [[noreturn]] void wait_for_the_end() {
@@ -162,7 +162,7 @@ void Pool::State::start_watch() {
 void Pool::State::end_for_peer(const PeerFailure& failed) {
   if (failing.load() || ending.exchange(true)) wait_for_the_end();
   log_error("ending: process " + std::to_string(failed.rank) + " failed: " + failed.message);
-  run_before_exit();
+  run_before_exit(settings.exit_bound, kPeerFailedExitCode);
   // Process 0's service dies with it: let the failure reach everyone first.
   if (service) service->flush_failure(timings::kFailureFlush);
   std::fflush(nullptr);
@@ -178,13 +178,13 @@ void Pool::State::fail(const std::string& error, int exit_code) {
     // before the service dies with it.
     if (service) service->flush_failure(timings::kFailureFlush);
   }
-  run_before_exit();
+  run_before_exit(settings.exit_bound, exit_code);
   if (pmix) pmix->abort(exit_code, prefix() + error);
   std::fflush(nullptr);
   ::_exit(exit_code);
 }
 
-void set_before_exit(std::function<void()> flush) {
+void set_before_exit(std::function<void(int exit_code)> flush) {
   std::lock_guard lock(g_before_exit_mutex);
   g_before_exit = std::move(flush);
 }

@@ -54,7 +54,8 @@ Address framework_choice(const Pool::State& state) {
     }
     if (!port_free_here(id.framework_coordinator->port)) {
       log_warn("the framework's coordinator port " + std::to_string(id.framework_coordinator->port) + " (" +
-               id.framework_coordinator_from + ") is in use on this host: jax.distributed or torch.distributed "
+               id.framework_coordinator_from +
+               ") is in use on this host: jax.distributed or torch.distributed "
                "will fail to listen there");
     }
     return *id.framework_coordinator;

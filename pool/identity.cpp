@@ -359,6 +359,9 @@ Result<Settings> resolve_settings(const Environment& env, const JoinOptions& opt
   settings.heartbeat_timeout = heartbeat.value();
   settings.failure_grace = grace.value();
   settings.join_timeout = join_timeout.value();
+  auto exit_bound = seconds_setting(env, "DEW_EXIT_BOUND_SECONDS", options.exit_bound, settings.exit_bound);
+  if (!exit_bound.ok()) return exit_bound.error();
+  settings.exit_bound = exit_bound.value();
   return settings;
 }
 

@@ -367,6 +367,11 @@ void Pool::fail(const std::string& error, int exit_code) {
   state_->fail(error, exit_code >= 1 && exit_code <= 255 ? exit_code : 1);
 }
 
+bool Pool::ending() const {
+  const State& s = *state_;
+  return s.failing.load() || s.ending.load() || (s.client && s.client->failure().has_value());
+}
+
 void Pool::fail_for_late(const std::vector<int>& late, const std::string& error) { state_->fail_for_late(late, error); }
 
 void Pool::leave() {

@@ -3,9 +3,11 @@
 
 #include <pybind11/pybind11.h>
 
+#include <atomic>
 #include <string>
 #include <vector>
 
+#include "dew/pool.h"
 #include "dew/result.h"
 
 namespace dew::python {
@@ -23,7 +25,21 @@ struct PendingPoolError {
 // Any other dew error: ValueError for bad arguments, else dew.PoolError.
 [[noreturn]] void throw_error(const Error& error);
 
+// Fast failure (failure_bindings.cpp): the excepthooks and libdew's
+// before-exit hook; a failure from Python (GIL released: the hook takes it);
+// in a blocking call's wait, dew.PoolFailed once the pool is ending; the
+// streams, logging's handlers.
+void install_fast_failure(runtime::Pool& pool);
+[[noreturn]] void fail_pool(runtime::Pool& pool, const std::string& message, int code, const std::vector<int>& late);
+void check_unwind();
+// True once the pool is ending (a peer failed, or this process is failing).
+bool pool_is_ending();
+// Set by the SIGTERM handler: the main thread is unwinding for the launcher.
+extern std::atomic<bool> g_sigterm_unwinding;
+void flush_python_buffers();
+
 void bind_pool(pybind11::module_& m);
+void bind_failure(pybind11::module_& m);
 void bind_mesh(pybind11::module_& m);
 void bind_torch(pybind11::module_& m);
 

@@ -53,6 +53,7 @@ PYBIND11_MODULE(dew, m) {
       raise_pool_error(e.code(), e.what(), e.late_ranks());
     }
   });
+  bind_failure(m);
   bind_pool(m);
   bind_mesh(m);
   bind_torch(m);

@@ -49,6 +49,7 @@ T interruptible(std::function<T()> work) {
     }
     if (status == std::future_status::ready) return done.get();
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    check_unwind();  // the pool is ending: dew.PoolFailed, so finally: blocks run
   }
 }
 
@@ -73,56 +74,6 @@ void add_xla_watchdog() {
   if (environ.contains("XLA_FLAGS")) flags = environ["XLA_FLAGS"].cast<std::string>();
   auto merged = merge_xla_flags(flags, watchdog.value());
   if (merged) environ["XLA_FLAGS"] = *merged;
-}
-
-// Nothing lost on fast failure: sys.stdout, sys.stderr and logging's
-// handlers reach their files before the process ends. Called with the GIL.
-std::atomic<bool> g_flushed{false};
-void flush_python_buffers() {
-  if (g_flushed.exchange(true)) return;
-  try {
-    py::module_ sys = py::module_::import("sys");
-    for (const char* stream : {"stdout", "stderr"}) {
-      py::object s = sys.attr(stream);
-      if (!s.is_none()) s.attr("flush")();
-    }
-    if (sys.attr("modules").contains("logging")) py::module_::import("logging").attr("shutdown")();
-  } catch (const py::error_already_set&) {  // a closed stream: what could be flushed was
-  }
-}
-
-// libdew runs this before the process ends for a peer's failure (on a thread
-// of its own, bounded): the GIL is taken as soon as Python gives it up.
-void flush_before_exit() {
-  if (g_flushed.load()) return;
-  py::gil_scoped_acquire gil;
-  flush_python_buffers();
-}
-
-// Fast failure: an uncaught exception (main thread or any thread) is printed
-// once with its traceback, published to the pool, and ends the process.
-void install_excepthooks() {
-  py::module_ sys = py::module_::import("sys");
-  py::module_ threading = py::module_::import("threading");
-  py::module_ traceback = py::module_::import("traceback");
-  const auto fail_with = [traceback](py::handle type, py::handle value, py::handle tb) {
-    traceback.attr("print_exception")(type, value, tb);
-    flush_python_buffers();
-    const std::string line =
-        py::str(type.attr("__name__")).cast<std::string>() + ": " + py::str(value).cast<std::string>();
-    auto& pool = the_pool();
-    // An agreement's patience ran out: the late processes are the failure,
-    // not this one that waited for them.
-    std::vector<int> late;
-    if (!value.is_none() && py::hasattr(value, "late_ranks")) late = value.attr("late_ranks").cast<std::vector<int>>();
-    if (pool && !late.empty()) pool->fail_for_late(late, "uncaught exception: " + one_line(line));
-    if (pool) pool->fail("uncaught exception: " + one_line(line), 1);
-    std::_Exit(1);
-  };
-  sys.attr("excepthook") = py::cpp_function(fail_with);
-  threading.attr("excepthook") = py::cpp_function([fail_with](py::handle args) {
-    fail_with(args.attr("exc_type"), args.attr("exc_value"), args.attr("exc_traceback"));
-  });
 }
 
 // A join that failed raises dew.PoolError, which a script may catch; left
@@ -153,6 +104,10 @@ void handle_sigterm() {
   if (!signal.attr("getsignal")(signal.attr("SIGTERM")).is(signal.attr("SIG_DFL"))) return;
   signal.attr("signal")(signal.attr("SIGTERM"), py::cpp_function([](int signum, const py::object&) {
                           flush_python_buffers();
+                          // The pool is ending already: libdew ends this process within its
+                          // bound, with the failure's own exit code; nothing to raise.
+                          if (pool_is_ending()) return;
+                          g_sigterm_unwinding = true;
                           PyErr_SetObject(PyExc_SystemExit, py::int_(128 + signum).ptr());
                           throw py::error_already_set();
                         }));
@@ -179,8 +134,7 @@ runtime::Pool& prepare_process(std::optional<bool> multi_host, std::optional<dou
   // jax.distributed.initialize() finds its rendezvous under any launcher.
   py::object environ = py::module_::import("os").attr("environ");
   for (const auto& [name, value] : pool->framework_variables()) environ[py::str(name)] = value;
-  install_excepthooks();
-  runtime::set_before_exit(flush_before_exit);
+  install_fast_failure(*pool);
   handle_sigterm();
   return *pool;
 }
@@ -343,8 +297,7 @@ void bind_pool(py::module_& m) {
                   " is not allowed; allowed: 1 to 255 except 75 (a failed pool never ends with 0, and "
                   "75 says a peer failed)");
             }
-            flush_python_buffers();
-            p.fail(message, code);
+            fail_pool(p, message, code, {});
           },
           py::arg("message"), py::arg("code") = 1,
           "Prints message once, publishes it to every peer and ends this process with code.")

@@ -29,9 +29,9 @@ std::vector<int> ranks_of(const py::array_t<long long, py::array::c_style | py::
   for (py::ssize_t k = 0; k < ids.size(); ++k) {
     const long long id = ids.data()[k];
     if (id < 0 || id / devices_per_process >= world) {
-      throw py::value_error("ids holds device " + std::to_string(id) + ", which with devices_per_process=" +
-                            std::to_string(devices_per_process) + " is not a rank of this world of " +
-                            std::to_string(world) + "; allowed: device ids 0.." +
+      throw py::value_error("ids holds device " + std::to_string(id) +
+                            ", which with devices_per_process=" + std::to_string(devices_per_process) +
+                            " is not a rank of this world of " + std::to_string(world) + "; allowed: device ids 0.." +
                             std::to_string(static_cast<long long>(world) * devices_per_process - 1));
     }
     ranks.push_back(static_cast<int>(id / devices_per_process));

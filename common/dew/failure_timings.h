@@ -44,8 +44,10 @@ inline constexpr std::chrono::milliseconds kLateWordWait = 1s;
 inline constexpr std::chrono::milliseconds kPeerNoticeGrace = 2s;
 
 // A process that ends for its own failure or a peer's gives the program's own
-// buffers (set_before_exit: Python's streams and logging handlers) this long
-// to reach their files; then it ends hard, so nothing can hold it longer.
+// before-exit hook (set_before_exit: Python's streams, logging handlers and
+// open files, its finally: blocks and atexit) this long; then it ends hard,
+// so nothing (jax.distributed's shutdown barrier, a finally: blocked in C
+// code) can hold it longer. DEW_EXIT_BOUND_SECONDS sets another.
 inline constexpr std::chrono::milliseconds kBeforeExitBound = 2s;
 
 // --- the SPANK plugin (spank/) --------------------------------------------

@@ -36,9 +36,15 @@ struct FrameworkPlace {
 };
 
 // The names framework_variables sets, in its order.
-inline constexpr const char* kFrameworkVariableNames[] = {
-    "DEW_FRAMEWORK_COORDINATOR", "JAX_COORDINATOR_ADDRESS", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",
-    "LOCAL_RANK",                "LOCAL_WORLD_SIZE",        "GROUP_RANK"};
+inline constexpr const char* kFrameworkVariableNames[] = {"DEW_FRAMEWORK_COORDINATOR",
+                                                          "JAX_COORDINATOR_ADDRESS",
+                                                          "MASTER_ADDR",
+                                                          "MASTER_PORT",
+                                                          "RANK",
+                                                          "WORLD_SIZE",
+                                                          "LOCAL_RANK",
+                                                          "LOCAL_WORLD_SIZE",
+                                                          "GROUP_RANK"};
 
 // torchrun's contract (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 // GROUP_RANK, MASTER_ADDR, MASTER_PORT), JAX's JAX_COORDINATOR_ADDRESS and

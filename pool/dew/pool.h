@@ -89,6 +89,10 @@ struct JoinOptions {
   // How long to wait for the coordinator and every peer to show up.
   // Default: DEW_JOIN_TIMEOUT_SECONDS, else 300 s.
   std::optional<std::chrono::milliseconds> join_timeout;
+  // How long a process ending for its own failure or a peer's gives its
+  // before-exit hook (set_before_exit: flushing, Python's finally: and
+  // atexit) before it ends hard. Default: DEW_EXIT_BOUND_SECONDS, else 2 s.
+  std::optional<std::chrono::milliseconds> exit_bound;
   // Install the SIGSEGV/SIGABRT/SIGBUS/SIGFPE handlers and std::terminate
   // handler that publish a failure.
   bool failure_handlers = true;
@@ -107,6 +111,7 @@ struct Settings {
   std::chrono::milliseconds heartbeat_timeout{timings::kHeartbeatTimeout};
   std::chrono::milliseconds failure_grace{timings::kFailureGrace};
   std::chrono::milliseconds join_timeout{timings::kJoinTimeout};
+  std::chrono::milliseconds exit_bound{timings::kBeforeExitBound};
 };
 // Pure: options first, then the DEW_*_SECONDS variables, then the defaults.
 Result<Settings> resolve_settings(const Environment& env, const JoinOptions& options);
@@ -171,6 +176,11 @@ class Pool {
   void agree(const std::string& name);
   void agree(const std::string& name, std::chrono::milliseconds patience);
 
+  // True once this process has heard of a peer's failure, or is failing
+  // itself: an error it meets now (a collective whose peer is gone) is a
+  // consequence of the pool's ending, not a failure of its own.
+  bool ending() const;
+
   // Prints the error once, publishes it to every peer and exits with
   // exit_code at once.
   [[noreturn]] void fail(const std::string& error, int exit_code = 1);
@@ -210,10 +220,13 @@ Pool join(JoinOptions options = {});
 
 // What a process runs before it ends for its own failure or a peer's (not
 // for a fatal signal): a program's own buffered output, such as Python's
-// sys.stdout and logging handlers. It runs on a thread of its own, given at
-// most timings::kBeforeExitBound, then the process ends anyway. One hook per
-// process; an empty function removes it.
-void set_before_exit(std::function<void()> flush);
+// sys.stdout and logging handlers, its finally: blocks and atexit. It runs
+// on a thread of its own, given at most Settings::exit_bound
+// (DEW_EXIT_BOUND_SECONDS, 2 s), then the process ends anyway with the
+// failure's exit code, which the hook is given (kPeerFailedExitCode for a
+// peer's failure, kWatchdogExitCode for a step over its bound: a step that
+// is stuck). One hook per process; an empty function removes it.
+void set_before_exit(std::function<void(int exit_code)> flush);
 
 // Ends the process when one step runs longer than its bound. The bound is
 // DEW_WATCHDOG (the SPANK plugin's value: "30m", "90s", "2h", "off") or 30

@@ -7,8 +7,10 @@
     pool_script.py raise RANK      RANK's data loader raises after the first agreement
     pool_script.py sleep RANK      RANK raises; the others sleep in time.sleep (C code)
     pool_script.py agree RANK      RANK raises; the others wait in an agreement
-    pool_script.py unflushed RANK  every rank prints and logs (to DEW_TEST_DIR/log.RANK) without flushing;
-                                   RANK raises, the others sleep
+    pool_script.py unflushed RANK  every rank prints, logs (DEW_TEST_DIR/log.RANK) and writes a file
+                                   (file.RANK) without flushing, and registers an atexit (atexit.RANK);
+                                   RANK raises, the others wait in an agreement (or, with
+                                   DEW_TEST_BLOCKED=sleep, in time.sleep); every finally: writes finally.RANK
     pool_script.py late RANK       RANK never comes to an agreement the others wait for with patience 1 s
     pool_script.py stall RANK      steps under dew.StepWatchdog() (the launcher's bound); RANK's third
                                    step blocks in a read that never returns
@@ -45,15 +47,26 @@ def main():
         return
     failing = int(sys.argv[2])
     if mode == "unflushed":
+        import atexit
         import logging
-        logging.basicConfig(filename=os.path.join(os.environ["DEW_TEST_DIR"], f"log.{pool.rank}"),
-                            level=logging.INFO)
+        where = os.environ["DEW_TEST_DIR"]
+        logging.basicConfig(filename=os.path.join(where, f"log.{pool.rank}"), level=logging.INFO)
         logging.info("logged by rank %d", pool.rank)
         print(f"printed by rank {pool.rank}")  # stdout is a pipe: block-buffered, not flushed
+        unflushed = open(os.path.join(where, f"file.{pool.rank}"), "w")  # never flushed nor closed
+        unflushed.write(f"written by rank {pool.rank}\n")
+        atexit.register(lambda: open(os.path.join(where, f"atexit.{pool.rank}"), "w").write("atexit ran"))
         pool.agree("written")
-        if pool.rank == failing:
-            load_batch(pool.rank)
-        time.sleep(600)
+        try:
+            if pool.rank == failing:
+                load_batch(pool.rank)
+            blocked = os.environ.get("DEW_TEST_BLOCKED", "agree")
+            if blocked == "agree":
+                pool.agree("never")  # a peer waiting for the failed rank
+            time.sleep(600)  # a peer blocked in C code
+        finally:
+            with open(os.path.join(where, f"finally.{pool.rank}"), "w") as marker:
+                marker.write("finally ran")
     if mode == "late":
         if pool.rank == failing:
             time.sleep(600)

@@ -153,7 +153,8 @@ class Pools(unittest.TestCase):
             self.assertIn(f"[{peer}] ending: process 2 failed", done.stderr)
 
     def test_nothing_buffered_is_lost_when_the_pool_fails_fast(self):
-        # The failing rank and every peer ended by its failure flush stdout and logging's handlers first.
+        # The failing rank and every peer ended by its failure flush stdout, logging's handlers and open files,
+        # run their finally: blocks (the peers' raise dew.PoolFailed in the agreement they wait in) and atexit.
         import tempfile
         with tempfile.TemporaryDirectory() as d:
             env = dict(os.environ, DEW_TEST_DIR=d)
@@ -166,8 +167,42 @@ class Pools(unittest.TestCase):
             self.assertLess(seconds, 10)
             for rank in range(4):
                 self.assertIn(f"[{rank}] printed by rank {rank}", done.stdout, done.stderr)
-                with open(os.path.join(d, f"log.{rank}")) as log:
-                    self.assertIn(f"logged by rank {rank}", log.read())
+                for name, want in (("log", f"logged by rank {rank}"), ("file", f"written by rank {rank}"),
+                                   ("finally", "finally ran"), ("atexit", "atexit ran")):
+                    with open(os.path.join(d, f"{name}.{rank}")) as f:
+                        self.assertIn(want, f.read(), f"{name}.{rank}: {done.stderr}")
+            self.assertEqual(done.stderr.count("Traceback (most recent call last)"), 1, done.stderr)
+            self.assertNotIn("PoolFailed", done.stderr)
+
+    def test_a_peer_blocked_in_c_code_ends_within_the_exit_bound_and_a_second(self):
+        # No launcher to SIGTERM them: the peers sleeping in time.sleep cannot unwind (no finally:), but their
+        # open files are flushed and atexit runs, and they end with 75 by themselves, well within the bound.
+        import socket
+        import tempfile
+        with tempfile.TemporaryDirectory() as d, socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+            s.close()
+            children = []
+            for rank in range(3):
+                env = dict(os.environ, DEW_PROCESS_ID=str(rank), DEW_PROCESS_COUNT="3", DEW_TEST_DIR=d,
+                           DEW_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", DEW_POOL_SECRET="ef" * 32,
+                           DEW_TEST_BLOCKED="sleep", DEW_EXIT_BOUND_SECONDS="1")
+                env.pop("PYTHONUNBUFFERED", None)
+                children.append(subprocess.Popen([sys.executable, SCRIPT, "unflushed", "1"], env=env,
+                                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+            outputs = [child.communicate(timeout=60) for child in children]
+            ended = time.time()
+            codes = [child.returncode for child in children]
+            self.assertEqual(codes, [75, 1, 75], outputs)
+            failed = os.path.getmtime(os.path.join(d, "finally.1"))  # the failing rank's own finally:
+            self.assertLess(ended - failed, 1 + 1, outputs)
+            for rank in (0, 2):
+                self.assertFalse(os.path.exists(os.path.join(d, f"finally.{rank}")))
+                for name, want in (("file", f"written by rank {rank}"), ("atexit", "atexit ran")):
+                    with open(os.path.join(d, f"{name}.{rank}")) as f:
+                        self.assertIn(want, f.read())
+                self.assertIn(f"printed by rank {rank}", outputs[rank][0])
 
     def test_a_rank_that_raises_ends_the_pool_named_once_with_its_traceback(self):
         for mode in ("raise", "sleep", "agree"):
