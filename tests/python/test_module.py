@@ -242,6 +242,44 @@ class Pools(unittest.TestCase):
                     self.assertIn("ending: process 2 failed: uncaught exception: RuntimeError", errors[peer])
 
 
+class Venv(unittest.TestCase):
+    """The README's virtualenv: made from Debian's python3 with --system-site-packages, it imports dew (and
+    numpy) from the system's site directory, and a pool of its interpreter runs under dew launch."""
+
+    def test_the_module_imports_in_a_venv_with_system_site_packages_and_runs_a_pool(self):
+        import tempfile
+        module_dir = os.path.dirname(dew.__file__)
+        with tempfile.TemporaryDirectory() as d:
+            venv = os.path.join(d, "venv")
+            subprocess.run(["/usr/bin/python3", "-m", "venv", "--system-site-packages", venv], check=True,
+                           capture_output=True, timeout=120)
+            python = os.path.join(venv, "bin", "python")
+            # Where `meson install` puts the module is a system site directory the venv sees; the build tree
+            # stands in for it here through a .pth file in the system-site chain (never a file of the machine).
+            site = subprocess.check_output([python, "-c", "import site; print(site.getsitepackages()[0])"],
+                                           text=True).strip()
+            self.assertTrue(site.startswith(venv), site)
+            with open(os.path.join(site, "dew-under-test.pth"), "w") as pth:
+                pth.write(module_dir + "\n")
+            env = dict(os.environ)
+            env.pop("PYTHONPATH", None)
+            env["VIRTUAL_ENV"] = venv
+            done = subprocess.run([python, "-c", "import sys, dew, numpy; print(sys.prefix, dew.__file__)"],
+                                  capture_output=True, text=True, env=env, timeout=60)
+            self.assertEqual(done.returncode, 0, done.stderr)
+            self.assertIn(venv, done.stdout)
+            # And where `meson install` would put it is on that venv's path (for --prefix=/usr and /usr/local,
+            # where Debian's python3 looks).
+            if os.environ.get("DEW_PREFIX") in ("/usr", "/usr/local"):
+                paths = subprocess.check_output([python, "-c", "import sys; print('\\n'.join(sys.path))"],
+                                                text=True, env=env).split()
+                self.assertIn(os.environ["DEW_PYTHON_INSTALL_DIR"], paths)
+            done = subprocess.run([DEW, "launch", "--processes-per-host", "2", "--", python, SCRIPT, "exchange"],
+                                  capture_output=True, text=True, env=env, timeout=60)
+            self.assertEqual(done.returncode, 0, done.stderr)
+            self.assertEqual(done.stdout.count("RESULT "), 2, done.stdout)
+
+
 class DesignPageApi(unittest.TestCase):
     """The design page's spelling of the API (issue 25)."""
 
