@@ -148,6 +148,24 @@ class TorchProcessGroups(unittest.TestCase):
                 dist.destroy_process_group()
 
 
+@unittest.skipUnless(HAVE_TORCH, "python3-torch is not installed (scripts/install-deps installs it)")
+class ReadmeTorchExample(unittest.TestCase):
+    def test_the_readme_torch_script_prints_what_the_readme_shows(self):
+        with open(os.path.join(ROOT, "README.md")) as f:
+            readme = f.read()
+        marker = readme.index("<!-- torch example")
+        script = re.search(r"```python\n(.*?)```", readme[marker:], re.S).group(1)
+        shown = re.search(r"```text\n\$ (dew launch [^\n]*)\n(.*?)```", readme[marker:], re.S)
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "train.py"), "w") as f:
+                f.write(script)
+            argv = shown.group(1).split()
+            done = subprocess.run([DEW, *argv[1:]], cwd=d, capture_output=True, text=True, timeout=120)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        port = re.compile(r"127\.0\.0\.1:\d+")
+        self.assertEqual(port.sub("HOST:PORT", done.stdout), port.sub("HOST:PORT", shown.group(2)))
+
+
 class FrameworkCoordinator(unittest.TestCase):
     """What JAX's coordinator and torch's TCPStore do after prepare_process():
     process 0 binds the address jax_distributed_kwargs() gives, the peers
