@@ -71,14 +71,20 @@ Result<GpuBinding> bind_gpus(const GpuBindingInput& input) {
   // Slurm's own binding wins: the task keeps exactly what Slurm gave it.
   if (input.bound_by_slurm || !input.devices_per_process) return GpuBinding{std::nullopt, local_ids(all.size())};
   const std::size_t per_process = *input.devices_per_process;
-  const std::size_t first = static_cast<std::size_t>(input.local_process) * per_process;
-  if (first + per_process > all.size()) {
+  // Every local process checks the whole node: when any of them would not
+  // fit, none starts (a step half started would only be ended again), and
+  // each names the first that does not fit.
+  const std::size_t fitting = per_process == 0 ? input.local_process_count : all.size() / per_process;
+  const std::size_t first = std::min<std::size_t>(fitting, input.local_process) * per_process;
+  if (fitting < input.local_process_count) {
+    const std::size_t failing = fitting;
     // A list from another host can hold anything: the message stays one line.
     const std::string seen = input.visible_devices ? "CUDA_VISIBLE_DEVICES=" + printable(*input.visible_devices)
                                                    : "CUDA_VISIBLE_DEVICES unset";
     const auto count = static_cast<long long>(input.local_process_count);
-    return invalid_argument("local process " + std::to_string(input.local_process) + " of " + std::to_string(count) +
-                            " needs GPUs [" + std::to_string(first) + ", " + std::to_string(first + per_process) +
+    const std::size_t start = failing * per_process;
+    return invalid_argument("local process " + std::to_string(failing) + " of " + std::to_string(count) +
+                            " needs GPUs [" + std::to_string(start) + ", " + std::to_string(start + per_process) +
                             ") with " + counted(static_cast<long long>(per_process), "device") + " per process, but " +
                             input.place + " has " + counted(static_cast<long long>(all.size()), "GPU") + " (" + seen +
                             "); " + counted(count, "process", "processes") + (count == 1 ? " needs " : " need ") +

@@ -23,6 +23,9 @@ struct ServiceConfig {
   // Where the service writes its one-line notices (refused clients, ranks
   // lost). Called on the service's thread.
   std::function<void(const std::string&)> log;
+  // A pool under MUNGE: a fresh credential holding the secret, sent with
+  // every challenge (munge_auth.h); empty: none. Called on the service's thread.
+  std::function<Result<std::string>()> credential;
 };
 
 // Key-value, agreements, all-gathers and failure publication for one pool,
@@ -67,6 +70,9 @@ struct ClientConfig {
   // Called once, on the client's reader or heartbeat thread, when another
   // process's failure is pushed or the service is lost.
   std::function<void(const PeerFailure&)> on_failure;
+  // Without a secret: the secret from the credential in the service's
+  // challenge (a pool under MUNGE), or an error saying why not.
+  std::function<Result<std::string>(const std::string& credential)> secret_from_credential;
 };
 
 class CoordinationClient {

@@ -165,15 +165,26 @@ Result<ServiceConnection> connect_to_service(asio::io_context& io, const ClientC
   auto challenge = read_until_conclusive(fd, buffer, config, reporter, error, handshake::read_challenge);
   if (challenge.heard != handshake::Heard::kChallenge) return handshake_error(challenge, buffer, error, config, where);
   buffer.erase(0, challenge.consumed);
+  std::string secret = config.secret;
+  if (secret.empty() && config.secret_from_credential) {
+    if (challenge.credential.empty()) {
+      return unavailable("the coordination service at " + where +
+                         " sent no MUNGE credential (its process 0 has a DEW_POOL_SECRET this process lacks); set "
+                         "the same DEW_POOL_SECRET for every process");
+    }
+    auto opened = config.secret_from_credential(challenge.credential);
+    if (!opened.ok()) return opened.error();
+    secret = opened.value();
+  }
 
   const std::string client_nonce = auth::random_nonce();
   const auto rank = static_cast<std::uint64_t>(config.rank);
   const auto size = static_cast<std::uint64_t>(config.size);
   send_all(fd, wire::encode(wire::Frame{wire::Type::kHello,
                                         {wire::encode_u64(rank), wire::encode_u64(size), client_nonce,
-                                         auth::hello_mac(config.secret, challenge.value, rank, size)}}));
+                                         auth::hello_mac(secret, challenge.value, rank, size)}}));
   auto welcome = read_until_conclusive(fd, buffer, config, reporter, error, [&](std::string_view bytes) {
-    return handshake::read_welcome(bytes, config.secret, client_nonce);
+    return handshake::read_welcome(bytes, secret, client_nonce);
   });
   if (welcome.heard != handshake::Heard::kWelcome) return handshake_error(welcome, buffer, error, config, where);
   buffer.erase(0, welcome.consumed);

@@ -94,7 +94,16 @@ void CoordinationService::Impl::accepted(tcp::socket socket) {
   session->socket.set_option(tcp::no_delay(true), ignored);
   session->nonce = auth::random_nonce();
   pending.insert(session);
-  send(session, wire::Frame{wire::Type::kChallenge, {session->nonce}});
+  wire::Frame challenge{wire::Type::kChallenge, {session->nonce}};
+  if (config.credential) {
+    auto credential = config.credential();
+    if (!credential.ok()) {
+      note_stranger("cannot seal the secret for " + session->peer + ": " + credential.error().message);
+    } else {
+      challenge.items.push_back(credential.value());
+    }
+  }
+  send(session, challenge);
   read(session);
 }
 

@@ -8,7 +8,7 @@ namespace dew::runtime::handshake {
 namespace {
 
 Reading not_dew(std::string_view bytes, const std::string& why) {
-  return Reading{Heard::kNotDew, describe_heard(bytes) + ", " + why, 0};
+  return Reading{Heard::kNotDew, describe_heard(bytes) + ", " + why, 0, ""};
 }
 
 // Decodes the first frame of `bytes` with the handshake's limit, or says
@@ -18,7 +18,7 @@ Reading first_frame(std::string_view bytes, wire::Frame& frame) {
   if (decoded.status == wire::DecodeStatus::kNeedMore) return Reading{};
   if (decoded.status == wire::DecodeStatus::kBad) return not_dew(bytes, "not a Dew frame (" + decoded.error + ")");
   frame = std::move(decoded.frame);
-  return Reading{Heard::kChallenge, "", decoded.consumed};  // the caller sets what it is
+  return Reading{Heard::kChallenge, "", decoded.consumed, ""};  // the caller sets what it is
 }
 
 }  // namespace
@@ -32,11 +32,13 @@ Reading read_challenge(std::string_view bytes) {
   wire::Frame frame;
   Reading reading = first_frame(bytes, frame);
   if (reading.consumed == 0) return reading;
-  if (frame.type == wire::Type::kRefused) return Reading{Heard::kRefused, printable(frame.items[0]), reading.consumed};
+  if (frame.type == wire::Type::kRefused)
+    return Reading{Heard::kRefused, printable(frame.items[0]), reading.consumed, ""};
   if (frame.type != wire::Type::kChallenge || frame.items[0].size() != auth::kNonceBytes) {
     return not_dew(bytes, "a " + std::string(wire::type_name(frame.type)) + " frame where a challenge belongs");
   }
   reading.value = frame.items[0];
+  if (frame.items.size() > 1) reading.credential = frame.items[1];
   return reading;
 }
 
@@ -44,14 +46,15 @@ Reading read_welcome(std::string_view bytes, std::string_view secret, std::strin
   wire::Frame frame;
   Reading reading = first_frame(bytes, frame);
   if (reading.consumed == 0) return reading;
-  if (frame.type == wire::Type::kRefused) return Reading{Heard::kRefused, printable(frame.items[0]), reading.consumed};
+  if (frame.type == wire::Type::kRefused)
+    return Reading{Heard::kRefused, printable(frame.items[0]), reading.consumed, ""};
   if (frame.type != wire::Type::kWelcome) {
     return not_dew(bytes, "a " + std::string(wire::type_name(frame.type)) + " frame where a welcome belongs");
   }
   if (!auth::same_mac(frame.items[0], auth::welcome_mac(secret, client_nonce))) {
-    return Reading{Heard::kWrongSecret, "", reading.consumed};
+    return Reading{Heard::kWrongSecret, "", reading.consumed, ""};
   }
-  return Reading{Heard::kWelcome, "", reading.consumed};
+  return Reading{Heard::kWelcome, "", reading.consumed, ""};
 }
 
 }  // namespace dew::runtime::handshake

@@ -23,6 +23,7 @@ struct Reading {
   Heard heard = Heard::kNeedMore;
   std::string value;
   std::size_t consumed = 0;  // bytes of the input the answer took
+  std::string credential;    // kChallenge: process 0's MUNGE credential, when it sent one
 };
 
 // The service's first frame.

@@ -9,6 +9,7 @@
 #include "dew/hex.h"
 #include "dew/log.h"
 #include "dew/text.h"
+#include "munge_auth.h"
 #include "pool_state.h"
 #include "wait_reporter.h"
 
@@ -26,10 +27,11 @@ std::string seconds_of(std::chrono::milliseconds duration) {
 }
 
 std::unique_ptr<CoordinationService> start_service(const Pool::State& state, const std::string& secret,
-                                                   std::uint16_t port) {
+                                                   std::uint16_t port,
+                                                   std::function<Result<std::string>()> credential = {}) {
   auto service = CoordinationService::start(
       ServiceConfig{state.identity.size, secret, port, state.settings.heartbeat_timeout,
-                    [](const std::string& line) { log_warn("coordination service: " + line); }});
+                    [](const std::string& line) { log_warn("coordination service: " + line); }, std::move(credential)});
   if (!service.ok()) {
     const auto& id = state.identity;
     const std::string where = id.coordinator ? " (" + id.coordinator_from + "=" + id.coordinator->text() + ")" : "";
@@ -71,6 +73,16 @@ std::string bootstrap_over_pmix(Pool::State& state, std::string secret) {
   return zero.substr(second + 1);
 }
 
+// A pool under plain srun without DEW_POOL_SECRET: MUNGE stands for it
+// (munge_auth.h), bound to the step. Empty when it cannot.
+std::string munge_context(const Pool::State& state) {
+  if (state.identity.source != PoolSource::kSlurm) return "";
+  const char* job = std::getenv("SLURM_JOB_ID");
+  const char* step = std::getenv("SLURM_STEP_ID");
+  if (!job || !step) return "";
+  return std::string("slurm step ") + job + "." + step;
+}
+
 // Without PMIx: the coordinator's address and the secret come from the
 // environment; process 0 listens at the address's port.
 void check_tcp_pool(const Pool::State& state, const std::string& secret) {
@@ -80,15 +92,34 @@ void check_tcp_pool(const Pool::State& state, const std::string& secret) {
                                      " gives rank and size but no coordinator: set "
                                      "DEW_COORDINATOR_ADDRESS=host:port for every process"));
   }
-  if (secret.empty()) {
+  if (secret.empty() && munge_context(state).empty()) {
     throw PoolError(invalid_argument(
         "DEW_POOL_SECRET is not set: the coordination service admits only processes that know the pool's secret "
-        "(srun --dew-pool and dew launch set it; elsewhere export the same DEW_POOL_SECRET, e.g. "
-        "$(openssl rand -hex 32), to every process)"));
+        "(srun --dew-pool and dew launch set it; plain srun uses MUNGE instead; elsewhere export the same "
+        "DEW_POOL_SECRET, e.g. $(openssl rand -hex 32), to every process)"));
   }
 }
 
-void connect_client(Pool::State& state, const std::string& secret, Clock::time_point deadline) {
+// Plain srun, no secret: process 0 draws one and seals it with MUNGE in
+// every challenge; the others open it. Checked at once on process 0, so a
+// cluster without munged says so before anyone waits.
+std::function<Result<std::string>()> seal_with_munge(const Pool::State& state, std::string& secret) {
+  auto fresh = random_hex(32);
+  if (!fresh.ok()) throw PoolError(fresh.error());
+  secret = fresh.value();
+  const auto where = munge_auth::where_from_env();
+  const std::string context = munge_context(state);
+  auto probe = munge_auth::seal(where, context, secret);
+  if (!probe.ok()) {
+    throw PoolError(Error{probe.error().code, "DEW_POOL_SECRET is not set and " + probe.error().message +
+                                                  ": run munged (MUNGE), use srun --dew-pool, or export the same "
+                                                  "DEW_POOL_SECRET (64 hex digits) to every process"});
+  }
+  return [where, context, secret] { return munge_auth::seal(where, context, secret); };
+}
+
+void connect_client(Pool::State& state, const std::string& secret, Clock::time_point deadline,
+                    bool open_with_munge = false) {
   const Identity& id = state.identity;
   // Process 0 reaches its own service on the loopback.
   const bool local = id.rank == 0;
@@ -96,14 +127,34 @@ void connect_client(Pool::State& state, const std::string& secret, Clock::time_p
   const std::uint16_t port = local && state.service ? state.service->port() : id.coordinator->port;
   log_debug("join: connecting to the coordination service at " + host_port(host, std::to_string(port)));
   Pool::State* raw = &state;
-  auto client =
-      CoordinationClient::connect(ClientConfig{host, port, id.rank, id.size, secret, state.settings.heartbeat_timeout,
-                                               deadline, state.settings.join_timeout, [raw](const PeerFailure&) {
-                                                 std::lock_guard lock(raw->mutex);
-                                                 if (!raw->failure_heard) raw->failure_heard = Clock::now();
-                                                 raw->changed.notify_all();
-                                               }});
-  if (!client.ok()) throw PoolError(client.error());
+  ClientConfig config{host,
+                      port,
+                      id.rank,
+                      id.size,
+                      secret,
+                      state.settings.heartbeat_timeout,
+                      deadline,
+                      state.settings.join_timeout,
+                      [raw](const PeerFailure&) {
+                        std::lock_guard lock(raw->mutex);
+                        if (!raw->failure_heard) raw->failure_heard = Clock::now();
+                        raw->changed.notify_all();
+                      },
+                      {}};
+  if (open_with_munge) {
+    config.secret_from_credential = [where = munge_auth::where_from_env(),
+                                     context = munge_context(state)](const std::string& credential) {
+      return munge_auth::open(where, context, credential);
+    };
+  }
+  auto client = CoordinationClient::connect(std::move(config));
+  if (!client.ok()) {
+    const bool munge = open_with_munge && client.error().message.find("MUNGE") != std::string::npos;
+    if (!munge) throw PoolError(client.error());
+    throw PoolError(Error{client.error().code, "DEW_POOL_SECRET is not set and " + client.error().message +
+                                                   ": run munged (MUNGE) on every node, or export the same "
+                                                   "DEW_POOL_SECRET (64 hex digits) to every process"});
+  }
   state.client = std::move(client.value());
 }
 
@@ -200,9 +251,15 @@ void join_with(Pool::State& s, const JoinOptions& options, Clock::time_point sta
     } else {
       check_tcp_pool(*state, secret);
       log_debug("join: coordinator " + id.coordinator->text() + " from " + id.coordinator_from);
-      if (id.rank == 0) state->service = start_service(*state, secret, id.coordinator->port);
+      const bool munge = secret.empty();
+      if (munge) log_debug("join: no DEW_POOL_SECRET: MUNGE stands for it (" + munge_context(*state) + ")");
+      if (id.rank == 0) {
+        auto credential = munge ? seal_with_munge(*state, secret) : std::function<Result<std::string>()>{};
+        state->service = start_service(*state, secret, id.coordinator->port, std::move(credential));
+      }
+      connect_client(*state, secret, started + state->settings.join_timeout, munge && id.rank != 0);
     }
-    connect_client(*state, secret, started + state->settings.join_timeout);
+    if (state->pmix) connect_client(*state, secret, started + state->settings.join_timeout);
   }
 
   attach_failure_path(*state, options.failure_handlers);

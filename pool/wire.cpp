@@ -30,7 +30,7 @@ constexpr std::size_t kAny = static_cast<std::size_t>(-1);
 // Indexed by the type byte; entry 0 is no type.
 constexpr std::array<Shape, 18> kShapes = {{
     {"", 0, 0},
-    {"challenge", 1, 1},
+    {"challenge", 1, 2},
     {"hello", 4, 4},
     {"welcome", 1, 1},
     {"refused", 1, 1},

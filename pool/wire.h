@@ -17,7 +17,7 @@
 namespace dew::runtime::wire {
 
 enum class Type : std::uint8_t {
-  kChallenge = 1,      // service -> client: nonce
+  kChallenge = 1,      // service -> client: nonce (and, for a pool under MUNGE, a credential)
   kHello = 2,          // client -> service: rank, size, client nonce, MAC
   kWelcome = 3,        // service -> client: MAC over the client's nonce
   kRefused = 4,        // service -> client: reason (then the service closes)

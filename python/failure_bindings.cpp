@@ -59,7 +59,7 @@ void flush_open_files() {
         if (object.attr("closed").cast<bool>() || !object.attr("writable")().cast<bool>()) continue;
         object.attr("flush")();
       } catch (const py::error_already_set& e) {  // a closed pipe, a detached buffer: nothing to save
-        if (e.matches(g_pool_failed)) throw;       // the unwinding, started in a flush's bytecode
+        if (e.matches(g_pool_failed)) throw;      // the unwinding, started in a flush's bytecode
       } catch (const py::cast_error&) {
       }
     }
@@ -84,11 +84,12 @@ void run_atexit_and_flush() {
   }
 }
 
-// How long the main thread has to start unwinding: one running bytecode (or
-// waiting in a pool call) takes the pending call within milliseconds; one
+// How long the main thread has to start unwinding: one running bytecode
+// takes the pending call within Python's switch interval (5 ms), one waiting
+// in a pool call within its 20 ms slice; one
 // that has not by then is blocked in C code (time.sleep, a read, a torch
 // collective waiting for the failed rank) and cannot unwind at all.
-constexpr auto kUnwindStart = std::chrono::milliseconds(250);
+constexpr auto kUnwindStart = std::chrono::milliseconds(100);
 std::atomic<bool> g_unwind_started{false};
 
 // Runs in the main thread at its next bytecode (or in a blocking call's wait).
@@ -153,7 +154,7 @@ void finish_unwinding() {
 void at_interpreter_exit() {
   if (!g_unwind_requested.load() || g_atexit_ran.load()) return;
   g_in_excepthook = true;  // the top: no dew.PoolFailed from here on
-  g_atexit_ran = true;  // what ran just now was atexit
+  g_atexit_ran = true;     // what ran just now was atexit
   finish_unwinding();
 }
 

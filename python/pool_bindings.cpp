@@ -34,7 +34,7 @@ std::unique_ptr<runtime::Pool>& the_pool() {
 }
 
 // Runs `work` without the GIL on a helper thread; the caller waits in slices
-// of 100 ms and turns a pending Ctrl-C into KeyboardInterrupt (the helper
+// of 20 ms and turns a pending Ctrl-C into KeyboardInterrupt (the helper
 // keeps waiting on the pool: the process is expected to end).
 template <typename T>
 T interruptible(std::function<T()> work) {
@@ -45,7 +45,7 @@ T interruptible(std::function<T()> work) {
     std::future_status status;
     {
       py::gil_scoped_release unlocked;
-      status = done.wait_for(std::chrono::milliseconds(100));
+      status = done.wait_for(std::chrono::milliseconds(20));
     }
     if (status == std::future_status::ready) return done.get();
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();

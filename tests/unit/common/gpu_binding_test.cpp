@@ -51,8 +51,12 @@ TEST(BindGpus, TooFewGpusGivesTheCounts) {
   EXPECT_THAT(message, HasSubstr("this node has 3 GPUs"));
   EXPECT_THAT(message, HasSubstr("CUDA_VISIBLE_DEVICES=0,1,2"));
   EXPECT_THAT(message, HasSubstr("2 processes need 4"));
-  // Task 0 of the same step fits.
-  EXPECT_TRUE(bind_gpus(input("0,1,2", 0, 2, 2)).ok());
+  // Task 0 of the same node would fit, but starts no more than task 1: the
+  // step is refused whole, with the same line on every task.
+  EXPECT_EQ(dew::testing::invalid_argument_of(bind_gpus(input("0,1,2", 0, 2, 2))), message);
+  EXPECT_EQ(dew::testing::invalid_argument_of(bind_gpus(input("0,1,2,3", 0, 3, 3))),
+            dew::testing::invalid_argument_of(bind_gpus(input("0,1,2,3", 2, 3, 3))));
+  EXPECT_TRUE(bind_gpus(input("0,1,2,3", 1, 2, 2)).ok());
 }
 
 TEST(BindGpus, NoGpusAtAllWithDevicesPerProcess) {

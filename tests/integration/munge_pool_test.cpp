@@ -1,0 +1,76 @@
+// A pool under plain srun (no plugin, no DEW_POOL_SECRET): MUNGE stands for
+// the secret. Process 0 seals a fresh secret in a MUNGE credential that only
+// its uid can open, one per connection; the others open it. Against the test
+// cluster's own munged (its socket given as DEW_MUNGE_SOCKET: a real
+// cluster's is MUNGE's default).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "dew/exit_status.h"
+#include "munge_auth.h"
+#include "slurm_cluster.h"
+#include "srun_output.h"
+#include "test_paths.h"
+
+namespace dew::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+std::string munge_socket() { return cluster().dir() + "/munge/munge.socket.2"; }
+
+int free_port() {
+  auto r = run({"/usr/bin/python3", "-c",
+                "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"});
+  return std::stoi(r.out);
+}
+
+TEST(MungeAuth, ASealedSecretOpensOnceForItsOwnStepOnly) {
+  const runtime::munge_auth::Where where{munge_socket()};
+  auto sealed = runtime::munge_auth::seal(where, "slurm step 42.0", "the secret");
+  ASSERT_TRUE(sealed.ok()) << sealed.error().message;
+  auto other = runtime::munge_auth::open(where, "slurm step 43.0", sealed.value());
+  ASSERT_FALSE(other.ok());
+  EXPECT_THAT(other.error().message, HasSubstr("is for 'slurm step 42.0', not 'slurm step 43.0'"));
+
+  auto again = runtime::munge_auth::seal(where, "slurm step 42.0", "the secret");
+  ASSERT_TRUE(again.ok());
+  auto opened = runtime::munge_auth::open(where, "slurm step 42.0", again.value());
+  ASSERT_TRUE(opened.ok()) << opened.error().message;
+  EXPECT_EQ(opened.value(), "the secret");
+  auto replayed = runtime::munge_auth::open(where, "slurm step 42.0", again.value());
+  ASSERT_FALSE(replayed.ok()) << "MUNGE refuses a credential opened twice";
+  EXPECT_THAT(replayed.error().message, HasSubstr("not valid here"));
+
+  auto forged = runtime::munge_auth::open(where, "slurm step 42.0", "MUNGE:AAAA:");
+  EXPECT_FALSE(forged.ok());
+  auto nowhere = runtime::munge_auth::seal({"/nonexistent/munge.socket"}, "slurm step 42.0", "s");
+  ASSERT_FALSE(nowhere.ok());
+  EXPECT_THAT(nowhere.error().message, HasSubstr("DEW_MUNGE_SOCKET=/nonexistent/munge.socket"));
+}
+
+TEST(SlurmPool, PlainSrunWithoutASecretJoinsThroughMunge) {
+  auto r = cluster().srun({"-N2", "--ntasks-per-node=2", pool_worker(), "exchange"},
+                          {{"DEW_COORDINATOR_ADDRESS", "127.0.0.1:" + std::to_string(free_port())},
+                           {"DEW_MUNGE_SOCKET", munge_socket()}},
+                          60s);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_EQ(occurrences(r.out, "gather=rank 0|rank 1|rank 2|rank 3 squares=0,1,4,9"), 4) << r.out;
+  EXPECT_EQ(r.err.find("DEW_POOL_SECRET"), std::string::npos) << r.err;
+}
+
+TEST(SlurmPool, PlainSrunWithoutMungeOrASecretSaysWhatToSet) {
+  auto r = cluster().srun({"-N2", "--ntasks-per-node=2", pool_worker(), "exchange"},
+                          {{"DEW_COORDINATOR_ADDRESS", "127.0.0.1:" + std::to_string(free_port())},
+                           {"DEW_MUNGE_SOCKET", "/nonexistent/munge.socket"},
+                           {"DEW_JOIN_TIMEOUT_SECONDS", "10"}},
+                          60s);
+  EXPECT_EQ(r.exit_code, kJoinFailedExitCode) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("[0] error: cannot join the pool: DEW_POOL_SECRET is not set and MUNGE cannot make a "
+                               "credential"));
+  EXPECT_THAT(r.err, HasSubstr("run munged (MUNGE), use srun --dew-pool, or export the same DEW_POOL_SECRET"));
+}
+
+}  // namespace
+}  // namespace dew::testing
