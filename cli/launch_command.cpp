@@ -289,7 +289,9 @@ void add_launch_command(CLI::App& app) {
       "launch",
       "Start a pool: the command after -- on every host (ssh -o BatchMode=yes; localhost directly), "
       "processes-per-host times each, with DEW_PROCESS_ID, DEW_PROCESS_COUNT, DEW_LOCAL_PROCESS_ID, "
-      "DEW_LOCAL_PROCESS_COUNT, DEW_COORDINATOR_ADDRESS, JAX_COORDINATOR_ADDRESS and a fresh DEW_POOL_SECRET. "
+      "DEW_LOCAL_PROCESS_COUNT, DEW_COORDINATOR_ADDRESS, a fresh DEW_POOL_SECRET, and torchrun's RANK, WORLD_SIZE, "
+      "LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT with JAX_COORDINATOR_ADDRESS (the "
+      "framework's coordinator: a second free port on the first host). "
       "Every output line starts with [rank]. When a process fails the others get SIGTERM, then SIGKILL after "
       "1 s, and dew launch exits with its code; Ctrl-C or SIGTERM stops every process, remote ones too");
   add_launch_options(launch, *args);

@@ -1,5 +1,7 @@
 #include "dew/gpu_binding.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "dew/text.h"
@@ -74,9 +76,10 @@ Result<GpuBinding> bind_gpus(const GpuBindingInput& input) {
   // Every local process checks the whole node: when any of them would not
   // fit, none starts (a step half started would only be ended again), and
   // each names the first that does not fit.
-  const std::size_t fitting = per_process == 0 ? input.local_process_count : all.size() / per_process;
-  const std::size_t first = std::min<std::size_t>(fitting, input.local_process) * per_process;
-  if (fitting < input.local_process_count) {
+  const std::size_t fitting = per_process == 0 ? SIZE_MAX : all.size() / per_process;
+  const std::size_t processes = std::max<std::size_t>(input.local_process_count, std::size_t{input.local_process} + 1);
+  const std::size_t first = static_cast<std::size_t>(input.local_process) * per_process;
+  if (fitting < processes) {
     const std::size_t failing = fitting;
     // A list from another host can hold anything: the message stays one line.
     const std::string seen = input.visible_devices ? "CUDA_VISIBLE_DEVICES=" + printable(*input.visible_devices)

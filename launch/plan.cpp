@@ -246,7 +246,14 @@ Result<LaunchPlan> plan_launch(const LaunchOptions& options, const std::vector<E
                // leaves its own prefix off.
                {"DEW_LINES_PREFIXED", "1"}};
       // torchrun's contract and JAX's address, at a port of their own.
-      for (auto& variable : framework_variables({p.rank, count, local, per_host, static_cast<int>(h), host, 0})) {
+      const FrameworkPlace place{static_cast<std::uint32_t>(p.rank),
+                                 static_cast<std::uint32_t>(count),
+                                 static_cast<std::uint32_t>(local),
+                                 static_cast<std::uint32_t>(per_host),
+                                 static_cast<std::uint32_t>(h),
+                                 host,
+                                 0};
+      for (auto& variable : framework_variables(place)) {
         if (variable.first == "MASTER_PORT") variable.second = framework_port;
         if (variable.first == "JAX_COORDINATOR_ADDRESS" || variable.first == "DEW_FRAMEWORK_COORDINATOR") {
           variable.second = host_port(host, framework_port);

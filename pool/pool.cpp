@@ -201,8 +201,9 @@ const Address& Pool::framework_coordinator() const { return *state_->identity.fr
 
 std::vector<std::pair<std::string, std::string>> Pool::framework_variables() const {
   const Identity& id = state_->identity;
-  return dew::framework_variables({id.rank, id.size, id.local_rank, id.local_size, id.node,
-                                   id.framework_coordinator->host, id.framework_coordinator->port});
+  const auto count = [](int n) { return static_cast<std::uint32_t>(std::max(n, 0)); };
+  return dew::framework_variables({count(id.rank), count(id.size), count(id.local_rank), count(id.local_size),
+                                   count(id.node), id.framework_coordinator->host, id.framework_coordinator->port});
 }
 
 namespace {

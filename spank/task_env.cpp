@@ -99,10 +99,14 @@ Result<EnvPlan> plan_task_environment(const TaskFacts& facts, const PoolOptions&
     const PortRange r = config.framework_port_range;
     framework_port = framework_port == r.high ? r.low : static_cast<std::uint16_t>(framework_port + 1);
   }
-  for (auto& [name, value] : framework_variables(
-           {pool ? static_cast<int>(facts.global_task) : 0, pool ? static_cast<int>(facts.task_count) : 1,
-            pool ? static_cast<int>(facts.local_task) : 0, pool ? static_cast<int>(facts.local_task_count) : 1,
-            pool ? static_cast<int>(facts.node_id) : 0, framework_host, framework_port})) {
+  const FrameworkPlace place{pool ? facts.global_task : 0u,
+                             pool ? facts.task_count : 1u,
+                             pool ? facts.local_task : 0u,
+                             pool ? facts.local_task_count : 1u,
+                             pool ? facts.node_id : 0u,
+                             framework_host,
+                             framework_port};
+  for (auto& [name, value] : framework_variables(place)) {
     set(std::move(name), std::move(value));
   }
 

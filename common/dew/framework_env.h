@@ -26,12 +26,12 @@ Result<Done> check_framework_range(PortRange dew_range, PortRange framework_rang
 
 // What one process of a pool is, as the frameworks' variables say it.
 struct FrameworkPlace {
-  int rank = 0;
-  int size = 1;
-  int local_rank = 0;
-  int local_size = 1;
-  int node = 0;      // the node's index in the pool (torchrun's GROUP_RANK)
-  std::string host;  // where process 0's framework coordinator listens
+  std::uint32_t rank = 0;
+  std::uint32_t size = 1;
+  std::uint32_t local_rank = 0;
+  std::uint32_t local_size = 1;
+  std::uint32_t node = 0;  // the node's index in the pool (torchrun's GROUP_RANK)
+  std::string host;        // where process 0's framework coordinator listens
   std::uint16_t port = 0;
 };
 

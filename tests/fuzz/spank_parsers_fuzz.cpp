@@ -420,8 +420,10 @@ void check_binding(const GpuBindingInput& input, const Result<GpuBinding>& resul
   }
   const std::uint64_t per_task = *input.devices_per_process;
   const std::uint64_t task = input.local_process;
-  // (task + 1) * per_task <= tokens, without overflow.
-  const bool fits = per_task == 0 ? task * per_task <= tokens.size() : task + 1 <= tokens.size() / per_task;
+  // Every local process of the node fits (none starts otherwise):
+  // processes * per_task <= tokens, without overflow.
+  const std::uint64_t processes = std::max<std::uint64_t>(input.local_process_count, task + 1);
+  const bool fits = per_task == 0 || processes <= tokens.size() / per_task;
   FUZZ_CHECK(result.ok() == fits);
   if (!result.ok()) {
     check_error(result.error(), raw);
@@ -658,8 +660,13 @@ void fuzz_task_env(Bytes& bytes) {
     FUZZ_CHECK(plan.unset.empty());
     FUZZ_CHECK(host.ok());
     FUZZ_CHECK(address != nullptr);
+    // The framework's coordinator: the same host, never Dew's port.
     const auto* jax_address = find_set(plan, "JAX_COORDINATOR_ADDRESS");
-    FUZZ_CHECK(jax_address != nullptr && *jax_address == *address);
+    const auto* master_port = find_set(plan, "MASTER_PORT");
+    FUZZ_CHECK(jax_address != nullptr && master_port != nullptr && *jax_address != *address);
+    FUZZ_CHECK(jax_address->ends_with(":" + *master_port));
+    FUZZ_CHECK(*find_set(plan, "RANK") == std::to_string(facts.global_task));
+    FUZZ_CHECK(*find_set(plan, "WORLD_SIZE") == std::to_string(facts.task_count));
     const std::uint16_t port =
         options.port ? *options.port : derive_port(facts.job_id, facts.step_id, config.port_range);
     if (!options.port) FUZZ_CHECK(port >= config.port_range.low && port <= config.port_range.high);
@@ -671,7 +678,10 @@ void fuzz_task_env(Bytes& bytes) {
     FUZZ_CHECK(secret != nullptr && *secret == *facts.pool_secret);
   } else {
     FUZZ_CHECK(address == nullptr && find_set(plan, "DEW_POOL_SECRET") == nullptr);
-    FUZZ_CHECK(plan.unset.size() == 4);  // the coordinator pair, the secret, DEW_MULTI_HOST
+    FUZZ_CHECK(plan.unset.size() == 3);  // the coordinator, the secret, DEW_MULTI_HOST
+    const auto* jax_address = find_set(plan, "JAX_COORDINATOR_ADDRESS");
+    FUZZ_CHECK(jax_address != nullptr && jax_address->starts_with("127.0.0.1:"));
+    FUZZ_CHECK(*find_set(plan, "RANK") == "0" && *find_set(plan, "WORLD_SIZE") == "1");
   }
 
   // The GPU part is exactly bind_gpus on what task_gpu_binding chose, which

@@ -23,11 +23,13 @@ std::string slurp(const std::string& path) {
 }
 
 // Submits a template and waits for it; returns its output file's text.
-std::string submit(const std::string& name, const std::vector<std::string>& args, bool expect_success = true) {
+std::string submit(const std::string& name, const std::vector<std::string>& args, bool expect_success = true,
+                   const std::vector<std::string>& sbatch_options = {}) {
   const auto output = cluster().dir() + "/markers/" + name + ".out";
   std::filesystem::create_directories(cluster().dir() + "/markers");
-  std::vector<std::string> argv{"sbatch", "--wait", "--output=" + output,
-                                SlurmCluster::source_root() + "/scripts/sbatch/" + name};
+  std::vector<std::string> argv{"sbatch", "--wait", "--output=" + output};
+  argv.insert(argv.end(), sbatch_options.begin(), sbatch_options.end());
+  argv.push_back(SlurmCluster::source_root() + "/scripts/sbatch/" + name);
   argv.insert(argv.end(), args.begin(), args.end());
   auto r = cluster().command(argv, {}, 90s);
   EXPECT_EQ(r.exit_code == 0, expect_success) << describe(r) << "--- job output\n" << slurp(output);
@@ -49,6 +51,18 @@ TEST(SbatchTemplates, TwoNodeTemplatePrintsEveryTasksIdentity) {
   }
   EXPECT_EQ(nodes.size(), 2u) << text;
   for (int rank = 0; rank < 4; ++rank) EXPECT_THAT(text, HasSubstr("dew rank " + std::to_string(rank) + " of 4"));
+}
+
+// The template's GPU line, given on sbatch's command line: each of a node's
+// two tasks gets half of its 4 (stand-in) GPUs, not all of them.
+TEST(SbatchTemplates, WithGpusEveryTaskOfTheTemplateGetsAnEvenShare) {
+  auto text = submit("two-node.sbatch", {}, true, {"--gpus-per-node=4"});
+  auto lines = identity_lines(text);
+  ASSERT_EQ(lines.size(), 4u) << text;
+  for (const auto& line : lines) {
+    const bool first = line.find("local 0 of 2") != std::string::npos;
+    EXPECT_THAT(line, ::testing::EndsWith(first ? "GPUs 0,1" : "GPUs 2,3")) << line;
+  }
 }
 
 TEST(SbatchTemplates, OneNodeTemplateRunsTheGivenCommand) {
