@@ -37,6 +37,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   check_reading(challenge, bytes);
   if (challenge.heard == handshake::Heard::kChallenge) {
     FUZZ_CHECK(challenge.value.size() == dew::runtime::auth::kNonceBytes);
+  } else {
+    FUZZ_CHECK(challenge.credential.empty());  // a credential only ever comes with a challenge
   }
   // What follows a challenge is read as the answer to our hello.
   const std::string_view rest = bytes.substr(challenge.consumed);
