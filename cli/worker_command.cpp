@@ -62,6 +62,10 @@ std::string groups_text(const std::vector<std::vector<int>>& groups) {
 
 int run(WorkerArgs& a) {
   if (auto resolved = resolve(a); !resolved.ok()) return report(resolved.error(), 2);
+  // Before any training: --out replaces only a regular file of its own.
+  if (!a.out.empty()) {
+    if (auto regular = refuse_unless_regular(a.out, "--out"); !regular.ok()) return report(regular.error(), 2);
+  }
   auto joined = join_with_cpu_devices();
   if (!joined.ok()) return report(joined.error(), kJoinFailedExitCode);
   runtime::Pool& pool = joined.value();

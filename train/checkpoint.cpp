@@ -1,6 +1,7 @@
 #include "checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -70,8 +71,15 @@ Result<Done> write_state_runs(const std::string& path, int section, std::int64_t
                               std::span<const T> values, const std::function<void()>& halfway) {
   std::error_code ignored;
   fs::create_directories(fs::path(path).parent_path(), ignored);
-  Fd file{::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644)};
+  if (auto regular = refuse_unless_regular(path, "checkpoint state"); !regular.ok()) return regular;
+  // O_NOFOLLOW and O_NONBLOCK: a symlink or FIFO that appears meanwhile is
+  // refused, not followed or waited on; what opened must be a regular file.
+  Fd file{::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644)};
   if (file.fd < 0) return errno_error("open", path);
+  struct stat st {};
+  if (::fstat(file.fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    return invalid_argument("checkpoint state: " + path + " is not a regular file; allowed: a regular file");
+  }
   std::vector<double> run_values;
   for (std::size_t k = 0; k < runs.size(); ++k) {
     if (halfway && k == runs.size() / 2) halfway();

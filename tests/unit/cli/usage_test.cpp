@@ -4,8 +4,13 @@
 // that cannot join.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
 
+#include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "process.h"
@@ -67,6 +72,29 @@ TEST(Usage, APoolCommandThatCannotJoinExits69) {
     EXPECT_EQ(r.exit_code, 69) << args[0] << ": " << r.err;
     EXPECT_THAT(r.err, HasSubstr("DEW_POOL_SECRET has 3 characters")) << args[0];
   }
+}
+
+// Issue 26: --out run as root replaced the machine's /dev/full. Refused at
+// once, before any training, with the device left as it was.
+TEST(Usage, WorkerOutNeverReplacesADeviceOrAFifo) {
+  const std::string dir = ::testing::TempDir() + "dew-out-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string fifo = dir + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  std::vector<std::pair<std::string, std::string>> targets = {{fifo, "a FIFO"}};
+  const std::string device = dir + "/full";
+  if (::mknod(device.c_str(), S_IFCHR | 0666, makedev(1, 7)) == 0) targets.emplace_back(device, "a character device");
+  for (const auto& [path, kind] : targets) {
+    auto r = dew({"worker", "--cache-dir", "off", "--out", path});
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("--out: " + path + " is " + kind + "; allowed: a regular file"));
+    EXPECT_THAT(r.err, Not(HasSubstr("step 1/"))) << "refused before training";
+    struct stat st {};
+    ASSERT_EQ(::lstat(path.c_str(), &st), 0);
+    EXPECT_FALSE(S_ISREG(st.st_mode)) << path << " left as it was";
+  }
+  std::filesystem::remove_all(dir);
 }
 
 // dew env tells the truth about the bounds a process here would use: the
