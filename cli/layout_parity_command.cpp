@@ -59,6 +59,14 @@ int run(const ParityArgs& a) {
                                    ": allowed: devices and steps from 1, a factor from 1"),
                   2);
   }
+  // Each device is a thread with its own shards; a mesh holds at most this
+  // many (issue 26: 2147483647 ended in SIGFPE).
+  constexpr int kMaxParityDevices = 4096;
+  if (a.devices > kMaxParityDevices) {
+    return report(invalid_argument("--devices " + std::to_string(a.devices) + " is not allowed; allowed: 1 to " +
+                                   std::to_string(kMaxParityDevices)),
+                  2);
+  }
   auto joined = join_with_cpu_devices();
   if (!joined.ok()) return report(joined.error(), kJoinFailedExitCode);
   runtime::Pool& pool = joined.value();

@@ -158,12 +158,17 @@ Result<LaunchOptions> validate(LaunchOptions options) {
   }
   std::set<std::string> seen;
   for (const auto& host : options.hosts) {
-    const bool bad = host.empty() || host[0] == '-' || host.size() > 255 ||
+    // ssh's [user@]host: neither part empty (issue 26: "@host" reached ssh,
+    // whose usage text was all the user saw).
+    const auto at = host.rfind('@');
+    const bool empty_part = at != std::string::npos && (at == 0 || at + 1 == host.size());
+    const bool bad = host.empty() || host[0] == '-' || host.size() > 255 || empty_part ||
                      std::any_of(host.begin(), host.end(), [](unsigned char c) { return c <= ' ' || c == 0x7f; });
     if (bad) {
       return invalid_argument("--hosts: " + shown(host) +
-                              " is not allowed; allowed: a host name or address as ssh takes it (no spaces or control "
-                              "characters, not starting with -), or localhost");
+                              " is not allowed; allowed: a host name or address as ssh takes it, [user@]host with "
+                              "neither part empty (no spaces or control characters, not starting with -), or "
+                              "localhost");
     }
     if (!seen.insert(host).second) {
       return invalid_argument("--hosts: '" + host +

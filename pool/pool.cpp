@@ -335,10 +335,18 @@ std::string mib(std::size_t bytes) { return std::to_string(bytes >> 20) + " MiB"
 // would drop: one frame holds at most wire::kMaxFrameBytes.
 void check_frame_size(std::size_t frame_bytes, std::size_t payload_bytes, const std::string& what) {
   if (frame_bytes <= wire::kMaxFrameBytes) return;
+  // What the frame holds besides the payload: its header and the other
+  // items (a put's key). Alone over the limit, no payload fits at all.
+  const std::size_t rest = frame_bytes - payload_bytes;
+  if (rest >= wire::kMaxFrameBytes) {
+    throw PoolError(invalid_argument(what + ": the key and the frame take " + std::to_string(rest) +
+                                     " bytes, over the coordination service's limit of " + mib(wire::kMaxFrameBytes) +
+                                     " a message; allowed: a short key"));
+  }
   throw PoolError(invalid_argument(what + ": the payload of " + std::to_string(payload_bytes) +
                                    " bytes is over the coordination service's limit of " +
-                                   std::to_string(payload_bytes - (frame_bytes - wire::kMaxFrameBytes)) +
-                                   " bytes a message (" + mib(wire::kMaxFrameBytes) +
+                                   std::to_string(wire::kMaxFrameBytes - rest) + " bytes a message (" +
+                                   mib(wire::kMaxFrameBytes) +
                                    " with the frame); send large data over a communicator (dew/comm.h)"));
 }
 

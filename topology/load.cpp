@@ -1,6 +1,10 @@
 // Reading a topology file: read it whole, check it is well-formed, hand it to
 // the reader for its format, assemble. Every failure is one line naming the
 // file and the problem.
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -126,6 +130,49 @@ Result<Topology> parse_topology_text(std::string_view content, std::string_view 
   return detail::assemble(std::move(draft.value()));
 }
 
+namespace {
+
+// A FIFO, a device or a process substitution that says nothing for this
+// long is given up on (issue 26: a FIFO with no writer blocked for ever).
+constexpr int kQuietReadMs = 10000;
+
+// The file's bytes, at most kMaxFileBytes: the limit holds for what is
+// read, not only for what a regular file says its size is (a device such as
+// /dev/zero, a FIFO or a process substitution has no size and may never
+// end), and a source that stays silent is bounded by kQuietReadMs.
+Result<std::string> read_bounded(const std::string& path, const std::string& too_large) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return system_error(path + ": cannot read: " + std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  std::string content;
+  char chunk[1 << 16];
+  for (;;) {
+    pollfd ready{fd, POLLIN, 0};
+    const int polled = ::poll(&ready, 1, kQuietReadMs);
+    if (polled < 0 && errno == EINTR) continue;
+    if (polled < 0) return system_error(path + ": cannot read: " + std::strerror(errno));
+    if (polled == 0) {
+      return unavailable(path + ": nothing to read within " + std::to_string(kQuietReadMs / 1000) +
+                         " s (a FIFO or device that nobody writes); allowed: a topology file, or a pipe that is "
+                         "written, such as <(nvidia-smi topo -m)");
+    }
+    const ssize_t got = ::read(fd, chunk, sizeof chunk);
+    if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (got < 0) return system_error(path + ": cannot read: " + std::strerror(errno));
+    if (got == 0) return content;
+    content.append(chunk, static_cast<std::size_t>(got));
+    if (content.size() > kMaxFileBytes) {
+      return invalid_argument(path + ": more than " + std::to_string(kMaxFileBytes >> 20) + " MiB read, which" +
+                              too_large);
+    }
+  }
+}
+
+}  // namespace
+
 Result<Topology> load_topology_file(const std::string& path) {
   std::error_code error;
   const auto status = std::filesystem::status(path, error);
@@ -139,21 +186,10 @@ Result<Topology> load_topology_file(const std::string& path) {
   const std::uintmax_t size = std::filesystem::file_size(path, error);
   if (!error && size > kMaxFileBytes)
     return invalid_argument(path + ": " + std::to_string(size >> 20) + " MiB" + too_large);
-  // The limit holds for what is read, not only for what a regular file says
-  // its size is: a device (/dev/zero), a FIFO or a process substitution has
-  // no size and may never end.
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return system_error(path + ": cannot read: " + std::strerror(errno));
-  std::string content;
-  char chunk[1 << 16];
-  while (in.read(chunk, sizeof chunk) || in.gcount() > 0) {
-    content.append(chunk, static_cast<std::size_t>(in.gcount()));
-    if (content.size() > kMaxFileBytes)
-      return invalid_argument(path + ": more than " + std::to_string(kMaxFileBytes >> 20) + " MiB read, which" +
-                              too_large);
-  }
-  if (in.bad()) return system_error(path + ": cannot read: " + std::strerror(errno));
-  return parse_topology_text(content, path);
+  auto content = read_bounded(path, too_large);
+  if (!content.ok()) return content.error();
+  const std::string& text = content.value();
+  return parse_topology_text(text, path);
 }
 
 }  // namespace dew::topology

@@ -97,6 +97,15 @@ TEST(Usage, WorkerOutNeverReplacesADeviceOrAFifo) {
   std::filesystem::remove_all(dir);
 }
 
+// Issue 26: layout-parity --devices 2147483647 died of SIGFPE.
+TEST(Usage, LayoutParityRefusesMoreDevicesThanAMeshHolds) {
+  for (const char* devices : {"2147483647", "4097"}) {
+    auto r = dew({"layout-parity", "--devices", devices});
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_THAT(r.err, HasSubstr(std::string("--devices ") + devices + " is not allowed; allowed: 1 to 4096"));
+  }
+}
+
 // dew env tells the truth about the bounds a process here would use: the
 // watchdog from DEW_WATCHDOG (or the default) and the failure grace as dew
 // worker and Python apply it.

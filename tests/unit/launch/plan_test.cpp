@@ -100,6 +100,15 @@ TEST(LaunchOptions, ValidateNamesTheOptionAndTheLimits) {
   EXPECT_THAT(message(o), StartsWith("--hosts: '-oProxyCommand=x' is not allowed; allowed: a host name"));
   o.hosts = {"a", "b c"};
   EXPECT_THAT(message(o), StartsWith("--hosts: 'b c' is not allowed"));
+  // Issue 26: "@host" reached ssh, whose usage text was all the user saw.
+  for (const char* empty_part : {"@host", "user@", "@"}) {
+    o.hosts = {"a", empty_part};
+    EXPECT_THAT(message(o), StartsWith("--hosts: '" + std::string(empty_part) +
+                                       "' is not allowed; allowed: a host "
+                                       "name or address as ssh takes it, [user@]host with neither part empty"));
+  }
+  o.hosts = {"a", "me@b"};
+  EXPECT_EQ(message(o), "ok");
   o.hosts = {"a", "b", "a"};
   EXPECT_THAT(message(o), StartsWith("--hosts: 'a' is listed twice"));
   o.hosts = {"a", "b"};

@@ -36,6 +36,24 @@ TEST(PoolOfOne, GetWaitsForAnotherThreadsPutAndTimesOutNamingTheKey) {
   } catch (const dew::runtime::PoolError& e) {
     EXPECT_THAT(e.what(), HasSubstr("get('never-put'): no process put it within"));
   }
+
+  // Issue 26: a 64 MiB key's error printed an underflowed limit (a number
+  // near 2^64); now it says the key alone is over the limit.
+  try {
+    pool.put(std::string(64 << 20, 'k'), "v");
+    FAIL() << "a put with a 64 MiB key went through";
+  } catch (const dew::runtime::PoolError& e) {
+    EXPECT_EQ(e.code(), dew::ErrorCode::kInvalidArgument);
+    EXPECT_THAT(e.what(), HasSubstr("the key and the frame take 67108877 bytes, over the coordination service's "
+                                    "limit of 64 MiB a message; allowed: a short key"));
+  }
+  try {
+    pool.put("big", std::string((64 << 20) + 1, 'v'));
+    FAIL() << "a put over the limit went through";
+  } catch (const dew::runtime::PoolError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("the payload of 67108865 bytes is over the coordination service's limit of "
+                                    "67108848 bytes a message (64 MiB with the frame)"));
+  }
 }
 
 }  // namespace

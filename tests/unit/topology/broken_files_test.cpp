@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -159,6 +160,33 @@ TEST_F(BrokenFiles, EndlessStreamsStopAtTheSizeLimit) {
   const auto endless = load_topology_file(fifo);
   writer.join();
   EXPECT_THAT(endless.error().message, HasSubstr("more than 64 MiB read"));
+}
+
+// Issue 26: a FIFO nobody writes blocked `dew mesh --topology` for ever.
+// Now a silent source is given up on after 10 s; a writer that comes late
+// (a process substitution still starting) is waited for.
+TEST_F(BrokenFiles, AFifoNobodyWritesIsGivenUpOnAndALateWriterIsWaitedFor) {
+  const std::string silent = (dir_ / "silent.fifo").string();
+  ASSERT_EQ(::mkfifo(silent.c_str(), 0600), 0);
+  const auto started = std::chrono::steady_clock::now();
+  const auto nobody = load_topology_file(silent);
+  const auto waited = std::chrono::steady_clock::now() - started;
+  expect_one_line_error(nobody, silent);
+  EXPECT_THAT(nobody.error().message, HasSubstr(silent + ": nothing to read within 10 s"));
+  EXPECT_LT(waited, std::chrono::seconds(15));
+
+  const std::string late = (dir_ / "late.fifo").string();
+  ASSERT_EQ(::mkfifo(late.c_str(), 0600), 0);
+  std::thread writer([&] {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    const int fd = ::open(late.c_str(), O_WRONLY);
+    const std::string text = "<system><cpu numaid=\"x\"/></system>";
+    [[maybe_unused]] auto wrote = ::write(fd, text.data(), text.size());
+    ::close(fd);
+  });
+  const auto read_late = load_topology_file(late);
+  writer.join();
+  EXPECT_THAT(read_late.error().message, HasSubstr("<cpu numaid=\"x\"> is not allowed")) << "read, then parsed";
 }
 
 TEST_F(BrokenFiles, NcclXmlProblemsNameTheElement) {
