@@ -2,12 +2,15 @@
 // the model and the batch before any process trains, and each device's place.
 #include "layout.h"
 
+#include <unistd.h>
+
 #include <string>
 
 #include "dew/attention.h"
 #include "dew/axes.h"
 #include "dew/exchange.h"
 #include "dew/text.h"
+#include "params.h"
 
 namespace dew::train {
 namespace {
@@ -43,7 +46,47 @@ Result<Done> check_model(const WorkerOptions& o, const mesh::Mesh& m) {
   return Done{};
 }
 
+// This machine's memory (the edge: sysconf), in bytes.
+long double physical_memory() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<long double>(pages) * page : 0;
+}
+
+// Refuses a model the process's devices cannot hold (issue 26: huge sizes
+// ended in a bare std::bad_alloc), before anything is allocated.
+Result<Done> check_memory(const WorkerOptions& o, const mesh::Mesh& m, long double memory) {
+  const long double need = estimated_process_bytes(o, m);
+  if (memory <= 0 || need <= memory) return Done{};
+  const auto gib = [](long double bytes) { return std::to_string(static_cast<long long>(bytes / (1LL << 30))); };
+  return invalid_argument("the model needs about " + gib(need) + " GiB on each process (" +
+                          counted(o.devices_per_process, "device") +
+                          ": weights, gradients, AdamW state and activations at 8 bytes a value), more than this "
+                          "machine's " +
+                          gib(memory) +
+                          " GiB; allowed: a smaller --width, --mlp, --layers, --vocab or --length, or more fsdp, "
+                          "tensor or processes");
+}
+
 }  // namespace
+
+long double estimated_process_bytes(const WorkerOptions& o, const mesh::Mesh& m) {
+  const int data = size_of(m, mesh::Axis::kData), fsdp = size_of(m, mesh::Axis::kFsdp);
+  const int tensor = size_of(m, mesh::Axis::kTensor), sequence = size_of(m, mesh::Axis::kSequence);
+  long double part = 0;  // one device's tensor part of every parameter, in values
+  for (const auto& bucket : model_buckets(o.model)) {
+    for (const auto& spec : bucket) {
+      part += static_cast<long double>(local_rows(spec, tensor)) * local_cols(spec, tensor);
+    }
+  }
+  // Its fsdp share of the parameters, gradients and AdamW's two moments,
+  // and the whole part gathered for use; activations: a few values per
+  // position, unit and layer.
+  const ModelConfig& c = o.model;
+  const long double positions = static_cast<long double>(o.batch) / (data * fsdp) * c.length / sequence;
+  const long double activations = positions * (c.width + static_cast<long double>(c.mlp) / tensor) * c.layers * 16;
+  const long double per_device = (part * 4 / fsdp + part + activations) * 8;
+  return per_device * o.devices_per_process;
+}
 
 Result<attention::Plan> plan_exchange(const WorkerOptions& o, int sequence, int tensor) {
   if (o.exchange != "auto" && o.exchange != "all-to-all" && o.exchange != "gather") {
@@ -101,6 +144,7 @@ Result<mesh::Mesh> plan_layout(const WorkerOptions& o, int processes) {
                                   std::to_string(o.devices_per_process) + "): ");
   }
   if (auto fits = check_model(o, built.value()); !fits.ok()) return fits.error();
+  if (auto fits = check_memory(o, built.value(), physical_memory()); !fits.ok()) return fits.error();
   const int sequence = size_of(built.value(), mesh::Axis::kSequence);
   if (sequence > 1) {
     if (auto plan = plan_exchange(o, sequence, size_of(built.value(), mesh::Axis::kTensor)); !plan.ok()) {

@@ -29,6 +29,12 @@ struct DevicePlace {
   std::vector<std::int64_t> positions;
 };
 
+// The bytes one process of this layout holds for the model, roughly: each
+// device's fsdp share of parameters, gradients and AdamW's moments, its
+// gathered parameters and its activations, at 8 bytes a value. plan_layout
+// refuses a layout whose estimate is over this machine's memory.
+long double estimated_process_bytes(const WorkerOptions& options, const mesh::Mesh& mesh);
+
 // The exchange the sequence axis runs (options.exchange: the rule's pick, or
 // a forced one that can run) and why.
 Result<attention::Plan> plan_exchange(const WorkerOptions& options, int sequence, int tensor);

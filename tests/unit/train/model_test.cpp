@@ -9,6 +9,7 @@
 
 #include "data.h"
 #include "dew/attention.h"
+#include "layout.h"
 #include "ops.h"
 #include "params.h"
 
@@ -158,6 +159,30 @@ TEST(Params, EveryTensorRanksPartIsTheWholesSlice) {
       }
     }
   }
+}
+
+// Issue 26: a huge model ended in a bare std::bad_alloc. plan_layout now
+// refuses it before anything is allocated, with the estimate and the
+// machine's memory; the default model and a sharded big one still pass.
+TEST(Layout, AModelTheMachineCannotHoldIsRefusedBeforeAnyAllocation) {
+  WorkerOptions huge;
+  huge.model.width = 1 << 20;
+  huge.model.mlp = 1 << 20;
+  auto refused = plan_layout(huge, 1);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code, ErrorCode::kInvalidArgument);
+  EXPECT_THAT(refused.error().message, ::testing::MatchesRegex("the model needs about [0-9]+ GiB on each process \\(1 "
+                                                               "device: .*\\), more than this machine's [0-9]+ GiB; "
+                                                               "allowed: a smaller --width.*"));
+  EXPECT_TRUE(plan_layout(WorkerOptions{}, 1).ok());
+  // Sharding divides the estimate: fsdp=8 over 8 devices holds an eighth of the state each.
+  WorkerOptions one, sharded;
+  one.model.width = sharded.model.width = 1024;
+  sharded.mesh = "fsdp=8";
+  sharded.devices_per_process = 8;
+  auto m1 = plan_layout(one, 1), m8 = plan_layout(sharded, 1);
+  ASSERT_TRUE(m1.ok() && m8.ok());
+  EXPECT_LT(estimated_process_bytes(sharded, m8.value()) / 8, estimated_process_bytes(one, m1.value()) / 2);
 }
 
 }  // namespace
