@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <cstdint>
 #include <string>
 
 #include "dew/attention.h"
@@ -60,11 +61,11 @@ Result<Done> check_memory(const WorkerOptions& o, const mesh::Mesh& m, long doub
   const auto gib = [](long double bytes) { return std::to_string(static_cast<long long>(bytes / (1LL << 30))); };
   return invalid_argument("the model needs about " + gib(need) + " GiB on each process (" +
                           counted(o.devices_per_process, "device") +
-                          ": weights, gradients, AdamW state and activations at 8 bytes a value), more than this "
-                          "machine's " +
+                          ": weights, gradients, AdamW state and activations at 8 bytes a value, and the dataset of "
+                          "--steps x --batch sequences), more than this machine's " +
                           gib(memory) +
-                          " GiB; allowed: a smaller --width, --mlp, --layers, --vocab or --length, or more fsdp, "
-                          "tensor or processes");
+                          " GiB; allowed: a smaller --width, --mlp, --layers, --vocab, --length or --steps, or more "
+                          "fsdp, tensor or processes");
 }
 
 }  // namespace
@@ -85,7 +86,9 @@ long double estimated_process_bytes(const WorkerOptions& o, const mesh::Mesh& m)
   const long double positions = static_cast<long double>(o.batch) / (data * fsdp) * c.length / sequence;
   const long double activations = positions * (c.width + static_cast<long double>(c.mlp) / tensor) * c.layers * 16;
   const long double per_device = (part * 4 / fsdp + part + activations) * 8;
-  return per_device * o.devices_per_process;
+  // The tokenized dataset, whole on every process: steps x batch x (length + 1).
+  const long double dataset = static_cast<long double>(o.steps) * o.batch * (c.length + 1) * sizeof(std::int32_t);
+  return per_device * o.devices_per_process + dataset;
 }
 
 Result<attention::Plan> plan_exchange(const WorkerOptions& o, int sequence, int tensor) {

@@ -31,7 +31,8 @@ struct DevicePlace {
 
 // The bytes one process of this layout holds for the model, roughly: each
 // device's fsdp share of parameters, gradients and AdamW's moments, its
-// gathered parameters and its activations, at 8 bytes a value. plan_layout
+// gathered parameters and its activations, at 8 bytes a value, and the
+// tokenized dataset every process holds whole. plan_layout
 // refuses a layout whose estimate is over this machine's memory.
 long double estimated_process_bytes(const WorkerOptions& options, const mesh::Mesh& mesh);
 

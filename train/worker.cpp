@@ -2,7 +2,10 @@
 // directory, a resumed state, the cached dataset, the stall watch), one
 // thread per device, and the report; report_json: the pool.json of the
 // design page.
+#include <unistd.h>
+
 #include <barrier>
+#include <ctime>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -11,6 +14,7 @@
 #include "checkpoint.h"
 #include "dataset_cache.h"
 #include "device.h"
+#include "dew/directory_lock.h"
 #include "dew/failure_timings.h"
 #include "dew/log.h"
 #include "dew/text.h"
@@ -25,9 +29,22 @@ struct Resumed {
   std::vector<double> state;
 };
 
-// The checkpoint directory, shared by every process (checked before step 1),
-// and the state to resume from.
-Result<std::optional<Resumed>> prepare_checkpoints(runtime::Pool& pool, const WorkerOptions& o) {
+// Who holds a checkpoint directory, for the pool that finds it taken.
+std::string holder_line(const runtime::Pool& pool) {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::time_t now = std::time(nullptr);
+  char since[32] = {};
+  std::strftime(since, sizeof since, "%Y-%m-%d %H:%M:%S UTC", std::gmtime(&now));
+  return "a pool of " + counted(pool.size(), "process", "processes") + " (process 0 on " + host + ", pid " +
+         std::to_string(::getpid()) + ", since " + since + ")";
+}
+
+// The checkpoint directory, shared by every process (checked before step 1)
+// and held by this pool alone (process 0 holds its lock for the run), and
+// the state to resume from.
+Result<std::optional<Resumed>> prepare_checkpoints(runtime::Pool& pool, const WorkerOptions& o,
+                                                   std::optional<DirectoryLock>& lock) {
   if (o.checkpoint_dir.empty()) {
     if (o.resume) return invalid_argument("--resume needs --checkpoint-dir, the directory to resume from");
     if (o.checkpoint_every > 0) return invalid_argument("--checkpoint-every needs --checkpoint-dir");
@@ -40,6 +57,11 @@ Result<std::optional<Resumed>> prepare_checkpoints(runtime::Pool& pool, const Wo
   std::error_code error;
   std::filesystem::create_directories(o.checkpoint_dir, error);
   if (error) return system_error("--checkpoint-dir: cannot create " + o.checkpoint_dir + ": " + error.message());
+  if (pool.rank() == 0) {
+    auto taken = DirectoryLock::take(o.checkpoint_dir, holder_line(pool));
+    if (!taken.ok()) return taken.error().prefixed("--checkpoint-dir: ");
+    lock.emplace(std::move(taken.value()));
+  }
   try {
     pool.require_shared_directory(o.checkpoint_dir);
   } catch (const runtime::PoolError& e) {
@@ -107,8 +129,9 @@ Result<WorkerReport> train_process(runtime::Pool& pool, const mesh::Mesh& layout
                                    const std::function<void(const StepRecord&)>& progress, bool local_only) {
   WorkerReport report;
   std::optional<Resumed> resumed;
+  std::optional<DirectoryLock> held;  // the checkpoint directory's, for the run
   if (!local_only) {
-    auto prepared = prepare_checkpoints(pool, o);
+    auto prepared = prepare_checkpoints(pool, o, held);
     if (!prepared.ok()) return prepared.error();
     resumed = std::move(prepared.value());
   }

@@ -106,6 +106,37 @@ TEST(Usage, LayoutParityRefusesMoreDevicesThanAMeshHolds) {
   }
 }
 
+// Issue 26: two pools checkpointing into one directory both exited 0, one
+// deleting the other's checkpoints. The second is refused at once, naming
+// the first; once the first is gone (even by SIGKILL) the directory is free.
+TEST(Usage, ASecondPoolOnACheckpointDirectoryIsRefusedNamingTheFirst) {
+  const std::string dir = ::testing::TempDir() + "dew-ckpt-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  Spawned first({dew_exe(), "worker", "--cache-dir", "off", "--checkpoint-dir", dir, "--checkpoint-every", "100000",
+                 "--steps", "200000"});
+  ASSERT_TRUE(first.wait_for_output("step 1/", std::chrono::seconds(30))) << first.err();
+  auto second = dew({"worker", "--cache-dir", "off", "--checkpoint-dir", dir, "--steps", "2"});
+  EXPECT_NE(second.exit_code, 0) << second.err;
+  EXPECT_THAT(second.err, HasSubstr("--checkpoint-dir: " + dir + " is in use by a pool of 1 process (process 0 on "));
+  EXPECT_THAT(second.err, HasSubstr("pid " + std::to_string(first.pid()) + ", since "));
+  EXPECT_THAT(second.err, Not(HasSubstr("step 1/"))) << "refused before training";
+  ::kill(first.pid(), SIGKILL);
+  first.wait(std::chrono::seconds(10));
+  auto third = dew({"worker", "--cache-dir", "off", "--checkpoint-dir", dir, "--steps", "2"});
+  EXPECT_EQ(third.exit_code, 0) << third.err;
+  std::filesystem::remove_all(dir);
+}
+
+// Issue 26: --steps 100000000 ended in a bare std::bad_alloc (the dataset is
+// made whole before step 1): refused at once with the estimate.
+TEST(Usage, AWorkerTooLargeForThisMachineIsRefusedWithTheEstimate) {
+  auto r = dew({"worker", "--cache-dir", "off", "--steps", "100000000"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("the model needs about "));
+  EXPECT_THAT(r.err, HasSubstr("and the dataset of --steps x --batch sequences), more than this machine's "));
+  EXPECT_THAT(r.err, Not(HasSubstr("bad_alloc")));
+}
+
 // dew env tells the truth about the bounds a process here would use: the
 // watchdog from DEW_WATCHDOG (or the default) and the failure grace as dew
 // worker and Python apply it.
