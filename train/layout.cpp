@@ -4,7 +4,9 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdint>
+#include <sstream>
 #include <string>
 
 #include "dew/attention.h"
@@ -130,6 +132,12 @@ Result<mesh::Mesh> plan_layout(const WorkerOptions& o, int processes) {
   }
   if (o.steps < 1)
     return invalid_argument("--steps " + std::to_string(o.steps) + " is not allowed; allowed: 1 or more");
+  // Issue 26: --learning-rate nan trained NaN to the end and exited 0.
+  if (!std::isfinite(o.learning_rate) || o.learning_rate <= 0) {
+    std::ostringstream given;
+    given << o.learning_rate;
+    return invalid_argument("--learning-rate " + given.str() + " is not allowed; allowed: a finite number above 0");
+  }
   auto spec = o.mesh.empty() ? Result<mesh::MeshSpec>(mesh::MeshSpec{}) : mesh::parse_mesh_spec(o.mesh);
   if (!spec.ok()) return spec.error().prefixed("--mesh: ");
   for (auto axis : {mesh::Axis::kExpert, mesh::Axis::kStage}) {

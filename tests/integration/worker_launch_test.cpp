@@ -185,6 +185,17 @@ TEST(WorkerCheckpoints, AKillWhileSavingLeavesThePreviousCheckpointToResumeFrom)
   EXPECT_LT(loss_gap(read_report(dir / "resumed.json").losses, read_report(dir / "straight.json").losses), 1e-6);
 }
 
+// Issue 26: on a data=4 mesh only process 0's device writes the state, and
+// the drill on rank 1 did nothing. Rank 1 is killed at its save all the same.
+TEST(WorkerCheckpoints, TheCrashWhileSavingDrillFiresOnARankThatWritesNoShard) {
+  TempDir dir;
+  auto killed = launch_worker(4, {"--mesh", "data=4", "--checkpoint-dir", dir / "ck", "--checkpoint-every", "5",
+                                  "--drill", "crash-while-saving@1:10"});
+  EXPECT_EQ(killed.exit_code, 137) << describe(killed);
+  EXPECT_THAT(killed.err, HasSubstr("rank 1 on localhost ended with signal 9 (SIGKILL)"));
+  EXPECT_THAT(read_text(dir / "ck/manifest.json"), HasSubstr("\"step\": 5,"));
+}
+
 TEST(WorkerCheckpoints, PrivateDirectoriesKeepTheirOwnHomeAndShareTheCheckpointDirectory) {
   TempDir dir;
   // A relative directory is each process's own under --private-dirs: refused, naming who sees what.

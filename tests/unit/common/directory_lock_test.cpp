@@ -34,8 +34,9 @@ TEST(DirectoryLock, ASecondHolderIsRefusedNamingTheFirstUntilItLetsGo) {
   auto second = DirectoryLock::take(dir, "pool B");
   ASSERT_FALSE(second.ok());
   EXPECT_EQ(second.error().code, ErrorCode::kUnavailable);
-  EXPECT_EQ(second.error().message, dir + " is in use by pool A (host n1, pid 1); allowed: a directory no other "
-                                          "running pool uses (it is free again once that pool ends)");
+  EXPECT_EQ(second.error().message, dir +
+                                        " is in use by pool A (host n1, pid 1); allowed: a directory no other "
+                                        "running pool uses (it is free again once that pool ends)");
   first.reset();
   EXPECT_TRUE(DirectoryLock::take(dir, "pool B").ok());
   std::filesystem::remove_all(dir);

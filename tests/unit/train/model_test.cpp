@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "data.h"
 #include "dew/attention.h"
@@ -175,6 +176,14 @@ TEST(Layout, AModelTheMachineCannotHoldIsRefusedBeforeAnyAllocation) {
                                                                "device: .*\\), more than this machine's [0-9]+ GiB; "
                                                                "allowed: a smaller --width.*"));
   EXPECT_TRUE(plan_layout(WorkerOptions{}, 1).ok());
+  // Issue 26: --learning-rate nan trained NaN to the end and exited 0.
+  for (double bad : {std::nan(""), 0.0, -1.0, std::numeric_limits<double>::infinity()}) {
+    WorkerOptions o;
+    o.learning_rate = bad;
+    auto refused_rate = plan_layout(o, 1);
+    ASSERT_FALSE(refused_rate.ok()) << bad;
+    EXPECT_THAT(refused_rate.error().message, ::testing::EndsWith("is not allowed; allowed: a finite number above 0"));
+  }
   // Sharding divides the estimate: fsdp=8 over 8 devices holds an eighth of the state each.
   WorkerOptions one, sharded;
   one.model.width = sharded.model.width = 1024;
