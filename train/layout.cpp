@@ -72,6 +72,11 @@ Result<Done> check_memory(const WorkerOptions& o, const mesh::Mesh& m, long doub
 
 }  // namespace
 
+bool may_be_a_peers_failure(const Error& error) {
+  return error.code == ErrorCode::kUnavailable || error.code == ErrorCode::kTimeout ||
+         error.code == ErrorCode::kPeerFailed;
+}
+
 long double estimated_process_bytes(const WorkerOptions& o, const mesh::Mesh& m) {
   const int data = size_of(m, mesh::Axis::kData), fsdp = size_of(m, mesh::Axis::kFsdp);
   const int tensor = size_of(m, mesh::Axis::kTensor), sequence = size_of(m, mesh::Axis::kSequence);

@@ -36,6 +36,14 @@ struct DevicePlace {
 // refuses a layout whose estimate is over this machine's memory.
 long double estimated_process_bytes(const WorkerOptions& options, const mesh::Mesh& mesh);
 
+// Whether a device's error may be another process's failure seen from here
+// (a collective that broke or timed out: kUnavailable, kTimeout, kPeerFailed),
+// which waits for the pool's word naming that process; any other error (an
+// I/O error such as a full disk, a bad value) is the device's own and is
+// published at once (issue 26: every device waited, the failing one too, and
+// an innocent rank was named).
+bool may_be_a_peers_failure(const Error& error);
+
 // The exchange the sequence axis runs (options.exchange: the rule's pick, or
 // a forced one that can run) and why.
 Result<attention::Plan> plan_exchange(const WorkerOptions& options, int sequence, int tensor);

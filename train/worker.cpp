@@ -157,12 +157,15 @@ Result<WorkerReport> train_process(runtime::Pool& pool, const mesh::Mesh& layout
     threads.emplace_back([&, d] {
       results[std::size_t(d)] = train_device(run, d);
       // Its peers wait for it inside collectives: its error ends the pool.
-      // A collective fails also when a peer process died: the pool's word
-      // of that peer (which ends this process with the peer-failed code,
-      // naming it) comes within a moment, so it gets that moment first.
+      // A collective fails also when a peer process died or failed: the
+      // pool's word of that peer (which ends this process with the
+      // peer-failed code, naming it) comes within a moment, so a broken
+      // collective gets that moment first. Its own error (a disk full, a
+      // bad value) is published at once: the culprit speaks first.
       if (!results[std::size_t(d)].ok()) {
-        if (!local_only) std::this_thread::sleep_for(timings::kPeerNoticeGrace);
-        pool.fail("device " + std::to_string(first_device + d) + ": " + results[std::size_t(d)].error().message);
+        const Error& error = results[std::size_t(d)].error();
+        if (!local_only && may_be_a_peers_failure(error)) std::this_thread::sleep_for(timings::kPeerNoticeGrace);
+        pool.fail("device " + std::to_string(first_device + d) + ": " + error.message);
       }
     });
   }

@@ -5,7 +5,9 @@
 // worker_slurm_test.cpp.)
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <filesystem>
 #include <thread>
 
 #include "srun_output.h"
@@ -107,6 +109,56 @@ TEST(WorkerDrills, ASecondRunFindsTheCacheAndMixedFingerprintsRunWithout) {
   EXPECT_THAT(mixed.err, HasSubstr("[0] compile cache off: the processes do not compile for the same accelerators: "
                                    "process 2 differs from process 0"));
   EXPECT_THAT(mixed.err, HasSubstr("[0] cache: off for this run (the processes' accelerator fingerprints differ)"));
+}
+
+}  // namespace
+}  // namespace dew::testing
+
+namespace dew::testing {
+namespace {
+
+// A small tmpfs of its own, unmounted whatever happens (root only: mount).
+class SmallDisk {
+ public:
+  explicit SmallDisk(const std::string& size) {
+    char pattern[] = "/tmp/dew-small-disk-XXXXXX";
+    if (::mkdtemp(pattern) == nullptr) return;
+    dir_ = pattern;
+    mounted_ = run({"mount", "-t", "tmpfs", "-o", "size=" + size, "tmpfs", dir_}).exit_code == 0;
+  }
+  ~SmallDisk() {
+    if (mounted_) run({"umount", dir_});
+    if (!dir_.empty()) ::rmdir(dir_.c_str());
+  }
+  bool mounted() const { return mounted_; }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string dir_;
+  bool mounted_ = false;
+};
+
+// Issue 26: process 0 out of disk while writing the manifest was pinned on
+// another rank (every failing device waited 2 s before publishing, the one
+// whose disk was full too, and the ranks whose collectives broke raced it).
+// Now the device whose own write failed publishes at once: rank 0 is named,
+// with "No space left on device", every run. The disk holds the lock file
+// and the step-5 state (100 pages for the default model), not the manifest.
+TEST(WorkerDrills, ADiskFullOnProcess0IsPinnedOnProcess0EveryRun) {
+  SmallDisk disk("404k");
+  if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
+  for (int run_number = 0; run_number < 5; ++run_number) {
+    SCOPED_TRACE("run " + std::to_string(run_number));
+    const std::string ck = disk.dir() + "/ck" + std::to_string(run_number);
+    auto r = launch_worker(4, {"--steps", "10", "--devices-per-process", "2", "--mesh", "fsdp=4", "--checkpoint-dir",
+                               ck, "--checkpoint-every", "5"});
+    std::filesystem::remove_all(ck);
+    EXPECT_EQ(r.exit_code, 1) << describe(r);
+    EXPECT_THAT(r.err, HasSubstr("dew launch: rank 0 on localhost ended with exit code 1")) << describe(r);
+    EXPECT_THAT(r.err, HasSubstr("[0] error: device 0: checkpoint: cannot write " + ck + "/manifest.json.tmp."));
+    EXPECT_THAT(r.err, HasSubstr("No space left on device"));
+    EXPECT_EQ(occurrences(r.err, "] error: "), 1) << "no other rank blames itself: " << r.err;
+  }
 }
 
 }  // namespace
