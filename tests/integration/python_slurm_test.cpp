@@ -28,6 +28,19 @@ std::string module_dir() {
 
 std::string script() { return std::string(std::getenv("DEW_SOURCE_ROOT")) + "/tests/python/pool_script.py"; }
 
+// pool_script.py MODE on 2 nodes x 2 tasks under srun --dew-pool and srun
+// --mpi=pmix: each mode's result, named by its first option.
+std::vector<std::pair<std::string, RunResult>> script_under_each_srun(const std::string& script_mode) {
+  std::vector<std::pair<std::string, RunResult>> results;
+  for (const std::vector<std::string>& mode : {std::vector<std::string>{"--dew-pool", "--dew-coordinator=127.0.0.1"},
+                                               std::vector<std::string>{"--mpi=pmix"}}) {
+    std::vector<std::string> args = mode;
+    args.insert(args.end(), {"-N2", "--ntasks-per-node=2", "/usr/bin/python3", script(), script_mode});
+    results.emplace_back(mode.front(), cluster().srun(args, {{"PYTHONPATH", module_dir()}}, 60s));
+  }
+  return results;
+}
+
 TEST(PythonSlurm, AScriptsPoolUnderSrunExchangesAndLaysOutTheMesh) {
   if (module_dir().empty()) GTEST_SKIP() << "the dew Python module is not built (pybind11-dev missing)";
   auto mesh = run({dew_exe(), "mesh", "--spec", R"({"fsdp": 2, "replicas": 2})", "--processes", "4",
@@ -35,12 +48,8 @@ TEST(PythonSlurm, AScriptsPoolUnderSrunExchangesAndLaysOutTheMesh) {
   std::smatch devices;
   ASSERT_TRUE(std::regex_search(mesh.out, devices, std::regex(R"re("devices":\[([0-9,]+)\])re"))) << mesh.out;
   std::string want = "\"mesh\": [" + std::regex_replace(devices[1].str(), std::regex(","), ", ") + "]";
-  for (const std::vector<std::string>& mode : {std::vector<std::string>{"--dew-pool", "--dew-coordinator=127.0.0.1"},
-                                               std::vector<std::string>{"--mpi=pmix"}}) {
-    SCOPED_TRACE(mode.front());
-    std::vector<std::string> args = mode;
-    args.insert(args.end(), {"-N2", "--ntasks-per-node=2", "/usr/bin/python3", script(), "exchange"});
-    auto r = cluster().srun(args, {{"PYTHONPATH", module_dir()}}, 60s);
+  for (const auto& [mode, r] : script_under_each_srun("exchange")) {
+    SCOPED_TRACE(mode);
     ASSERT_EQ(r.exit_code, 0) << describe(r);
     EXPECT_EQ(occurrences(r.out, "RESULT "), 4) << describe(r);
     EXPECT_EQ(occurrences(r.out, "\"gather\": [\"rank 0\", \"rank 1\", \"rank 2\", \"rank 3\"]"), 4) << r.out;
@@ -132,12 +141,8 @@ TEST(PythonSlurm, ATorchRankRaisingAtStep5EndsTheStepWithinASecondNamedOnce) {
 // process 0 binds the framework's address, the others connect; never Dew's port.
 TEST(PythonSlurm, TheFrameworksCoordinatorIsBoundByProcess0AndReachedByThePeers) {
   if (module_dir().empty()) GTEST_SKIP() << "the dew Python module is not built (pybind11-dev missing)";
-  for (const std::vector<std::string>& mode : {std::vector<std::string>{"--dew-pool", "--dew-coordinator=127.0.0.1"},
-                                               std::vector<std::string>{"--mpi=pmix"}}) {
-    SCOPED_TRACE(mode.front());
-    std::vector<std::string> args = mode;
-    args.insert(args.end(), {"-N2", "--ntasks-per-node=2", "/usr/bin/python3", script(), "framework"});
-    auto r = cluster().srun(args, {{"PYTHONPATH", module_dir()}}, 60s);
+  for (const auto& [mode, r] : script_under_each_srun("framework")) {
+    SCOPED_TRACE(mode);
     ASSERT_EQ(r.exit_code, 0) << describe(r);
     EXPECT_EQ(occurrences(r.out, "FRAMEWORK "), 4) << describe(r);
     EXPECT_EQ(occurrences(r.out, "\"heard\": [1, 2, 3]"), 1) << r.out;
