@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <barrier>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
@@ -168,6 +169,9 @@ TEST(CommunicatorErrorsTest, PeerGoneDuringAllReduceIsAnErrorNotAHang) {
   std::vector<std::thread> threads;
   std::vector<std::string> errors(3);
   const auto start = std::chrono::steady_clock::now();
+  // Rank 2 leaves only once every rank is connected: leaving earlier made
+  // another rank's connect fail instead (a flake on CI), not its all_reduce.
+  std::barrier connected(3);
   for (int rank = 0; rank < 3; ++rank) {
     threads.emplace_back([&, rank] {
       GlooOptions options;
@@ -176,6 +180,7 @@ TEST(CommunicatorErrorsTest, PeerGoneDuringAllReduceIsAnErrorNotAHang) {
       options.store = store;
       options.timeout = std::chrono::seconds(20);
       auto comm = dew::comm::make_gloo_communicator(options);
+      connected.arrive_and_wait();
       ASSERT_TRUE(comm.ok()) << comm.error().message;
       if (rank == 2) return;  // its connections close with it
       std::vector<float> data(3 * 262144, 1.0f);
