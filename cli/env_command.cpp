@@ -136,6 +136,7 @@ void print_json(const Report& r) {
       {"heartbeat_timeout_seconds", r.settings.heartbeat_timeout.count() / 1000.0},
       {"failure_grace_seconds", r.settings.failure_grace.count() / 1000.0},
       {"exit_bound_seconds", r.settings.exit_bound.count() / 1000.0},
+      {"slow_after_seconds", r.settings.slow_after.count() / 1000.0},
       {"failure_grace_seconds_dew_worker_and_python", r.grace_given ? r.settings.failure_grace.count() / 1000.0 : 0.0},
       {"watchdog_seconds",
        r.watchdog ? nlohmann::json(static_cast<double>(r.watchdog->count())) : nlohmann::json(nullptr)},
@@ -163,7 +164,8 @@ void print_text(const Report& r) {
                                            : "not usable: " + r.secret_problem)
             << "\n"
             << "patience:     agreements " << seconds(r.settings.agreement_patience) << ", heartbeats "
-            << seconds(r.settings.heartbeat_timeout) << ", " << grace_text(r, seconds(r.settings.failure_grace)) << "\n"
+            << seconds(r.settings.heartbeat_timeout) << ", " << grace_text(r, seconds(r.settings.failure_grace))
+            << "; waits said after " << seconds(r.settings.slow_after) << " (DEW_SLOW_SECONDS)\n"
             << "exit bound:   " << seconds(r.settings.exit_bound)
             << " to flush and run finally:/atexit before a failed process ends hard (DEW_EXIT_BOUND_SECONDS)\n"
             << "watchdog:     " << watchdog_text(r) << "\n"

@@ -1,7 +1,5 @@
 #include "auth.h"
 
-#include <sodium.h>
-
 #include "wire.h"
 
 namespace dew::runtime::auth {
@@ -45,6 +43,70 @@ std::string welcome_mac(std::string_view secret, std::string_view client_nonce) 
 
 bool same_mac(std::string_view a, std::string_view b) {
   return a.size() == b.size() && a.size() == kMacBytes && sodium_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+namespace {
+
+const unsigned char* bytes_of(std::string_view text) { return reinterpret_cast<const unsigned char*>(text.data()); }
+
+std::string direction_key(std::string_view secret, std::string_view direction, std::string_view service_nonce,
+                          std::string_view client_nonce, std::uint64_t rank) {
+  unsigned char pool_key[crypto_generichash_KEYBYTES];
+  crypto_generichash(pool_key, sizeof pool_key, bytes_of(secret), secret.size(), bytes_of("dew frame keys"), 14);
+  std::string message(direction);
+  message += '|';
+  message += service_nonce;
+  message += client_nonce;
+  message += wire::encode_u64(rank);
+  std::string key(kKeyBytes, '\0');
+  crypto_generichash(reinterpret_cast<unsigned char*>(key.data()), key.size(), bytes_of(message), message.size(),
+                     pool_key, sizeof pool_key);
+  sodium_memzero(pool_key, sizeof pool_key);
+  return key;
+}
+
+}  // namespace
+
+FrameKeys frame_keys(std::string_view secret, std::string_view service_nonce, std::string_view client_nonce,
+                     std::uint64_t rank) {
+  return FrameKeys{direction_key(secret, "to service", service_nonce, client_nonce, rank),
+                   direction_key(secret, "to client", service_nonce, client_nonce, rank)};
+}
+
+TailDigest::TailDigest() noexcept { crypto_generichash_init(&state_, nullptr, 0, std::tuple_size_v<Digest>); }
+
+void TailDigest::add(std::string_view bytes) noexcept {
+  crypto_generichash_update(&state_, bytes_of(bytes), bytes.size());
+}
+
+Digest TailDigest::finish() noexcept {
+  Digest digest{};
+  crypto_generichash_final(&state_, digest.data(), digest.size());
+  return digest;
+}
+
+Tag frame_tag(std::string_view key, std::uint64_t sequence, std::string_view head, const Digest& tail) noexcept {
+  unsigned char number[8];
+  for (int i = 0; i < 8; ++i) number[i] = static_cast<unsigned char>(sequence >> (56 - 8 * i));
+  crypto_generichash_state state;
+  crypto_generichash_init(&state, bytes_of(key), key.size(), kTagBytes);
+  crypto_generichash_update(&state, number, sizeof number);
+  crypto_generichash_update(&state, bytes_of(head), head.size());
+  crypto_generichash_update(&state, tail.data(), tail.size());
+  Tag tag{};
+  crypto_generichash_final(&state, tag.data(), tag.size());
+  return tag;
+}
+
+Tag frame_tag(std::string_view key, std::uint64_t sequence, std::string_view frame) noexcept {
+  const std::size_t head = wire::head_bytes(frame);
+  TailDigest tail;
+  tail.add(frame.substr(head));
+  return frame_tag(key, sequence, frame.substr(0, head), tail.finish());
+}
+
+bool same_tag(const Tag& tag, std::string_view received) noexcept {
+  return received.size() == tag.size() && sodium_memcmp(tag.data(), received.data(), tag.size()) == 0;
 }
 
 }  // namespace dew::runtime::auth

@@ -1,7 +1,12 @@
 // Proof that a peer knows the pool secret, without sending it: HMAC-SHA-256
-// (libsodium) over a fresh nonce from the other side. Private to pool/.
+// (libsodium) over a fresh nonce from the other side; then every frame of the
+// connection is tagged, so that a relay on the path cannot alter one. Private
+// to pool/.
 #pragma once
 
+#include <sodium.h>
+
+#include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -21,5 +26,43 @@ std::string hello_mac(std::string_view secret, std::string_view service_nonce, s
 std::string welcome_mac(std::string_view secret, std::string_view client_nonce);
 // Constant-time comparison.
 bool same_mac(std::string_view a, std::string_view b);
+
+// After the handshake every frame is followed by a 16-byte tag: BLAKE2b keyed
+// by the direction's key over the frame's sequence number in its direction
+// (8 bytes, from 0), the frame's head (its length, type and first item) and
+// the BLAKE2b-256 digest of its tail (the rest). Hashing the tail apart lets
+// the service digest a gather's shared parts once a round, not once per
+// reply; the sequence number refuses a replayed, dropped or reordered frame.
+inline constexpr std::size_t kTagBytes = 16;
+inline constexpr std::size_t kKeyBytes = 32;
+using Digest = std::array<unsigned char, 32>;
+using Tag = std::array<unsigned char, kTagBytes>;
+
+// Keys of one connection, one per direction, from the secret and both
+// nonces of its handshake: no two connections (nor two runs) share one.
+struct FrameKeys {
+  std::string to_service;
+  std::string to_client;
+};
+FrameKeys frame_keys(std::string_view secret, std::string_view service_nonce, std::string_view client_nonce,
+                     std::uint64_t rank);
+
+// A tail's digest, fed in pieces (the service's shared parts, a streamed frame).
+class TailDigest {
+ public:
+  TailDigest() noexcept;
+  void add(std::string_view bytes) noexcept;
+  Digest finish() noexcept;
+
+ private:
+  crypto_generichash_state state_;
+};
+
+// The tag of a frame whose head and tail digest are given. Allocates
+// nothing: a signal handler tags its last frame with it.
+Tag frame_tag(std::string_view key, std::uint64_t sequence, std::string_view head, const Digest& tail) noexcept;
+// The tag of a whole frame (its head is found in it: wire::head_bytes).
+Tag frame_tag(std::string_view key, std::uint64_t sequence, std::string_view frame) noexcept;
+bool same_tag(const Tag& tag, std::string_view received) noexcept;
 
 }  // namespace dew::runtime::auth

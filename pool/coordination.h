@@ -20,6 +20,8 @@ struct ServiceConfig {
   std::string secret;
   std::uint16_t port = 0;  // 0: any free port
   std::chrono::milliseconds heartbeat_timeout{10000};
+  // An agreement or gather waiting this long is said, naming whom it waits for.
+  std::chrono::milliseconds slow_after{30000};
   // Where the service writes its one-line notices (refused clients, ranks
   // lost). Called on the service's thread.
   std::function<void(const std::string&)> log;
@@ -73,6 +75,9 @@ struct ClientConfig {
   // Without a secret: the secret from the credential in the service's
   // challenge (a pool under MUNGE), or an error saying why not.
   std::function<Result<std::string>(const std::string& credential)> secret_from_credential;
+  // A service heard after a silence of over half the heartbeat timeout is
+  // named as slow, at most once per this.
+  std::chrono::milliseconds slow_after{30000};
 };
 
 class CoordinationClient {

@@ -3,6 +3,7 @@
 // replies and pushed failures; a heartbeat thread keeps the service (and
 // itself) sure the other side is alive.
 #include <sys/socket.h>
+#include <sys/uio.h>
 
 #include <asio.hpp>
 #include <atomic>
@@ -46,9 +47,14 @@ struct CoordinationClient::Impl {
 
   // One writer at a time; a signal handler that finds it taken writes nothing.
   std::atomic_flag writing = ATOMIC_FLAG_INIT;
+  auth::FrameKeys keys;             // this connection's, from the handshake
+  std::uint64_t send_sequence = 0;  // the writer's (under `writing`)
 
   std::mutex mutex;
   std::condition_variable changed;
+  // The heartbeat thread's own: a reply must not wake it (it would, on
+  // `changed`, for every reply: a third wake-up each round trip).
+  std::condition_variable stopping;
   std::map<std::uint64_t, wire::Frame> replies;
   std::uint64_t next_request = 1;
   std::optional<PeerFailure> failure;
@@ -56,6 +62,9 @@ struct CoordinationClient::Impl {
   bool leaving = false;
   bool service_closed = false;  // the reader saw the end of the stream
   Clock::time_point last_heard = Clock::now();
+  Clock::time_point said_slow{};               // when the service was last named as slow
+  Clock::time_point last_tick = Clock::now();  // the heartbeat thread's last wake
+  Clock::time_point paused_at{};               // when it last found it woke late
 
   std::string leftover;  // bytes read with the handshake's last frame
   std::thread reader;
@@ -66,16 +75,36 @@ struct CoordinationClient::Impl {
 
   void write_bytes(const std::string& bytes) {
     while (writing.test_and_set(std::memory_order_acquire)) std::this_thread::yield();
-    std::size_t sent = 0;
-    while (sent < bytes.size()) {
-      const ssize_t n = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    send_tagged(bytes);
+    writing.clear(std::memory_order_release);
+  }
+
+  // Sends a frame and its tag; the caller holds `writing` (the sequence
+  // number is the writer's). Allocates nothing: the signal path uses it.
+  void send_tagged(std::string_view bytes) noexcept {
+    const auto tag = auth::frame_tag(keys.to_service, send_sequence++, bytes);
+    iovec parts[2] = {{const_cast<char*>(bytes.data()), bytes.size()},
+                      {const_cast<unsigned char*>(tag.data()), tag.size()}};
+    msghdr message{};
+    message.msg_iov = parts;
+    message.msg_iovlen = 2;
+    while (message.msg_iovlen > 0) {
+      const ssize_t n = ::sendmsg(fd, &message, MSG_NOSIGNAL);
       if (n <= 0) {
         if (n < 0 && errno == EINTR) continue;
-        break;  // the reader notices the closed connection
+        return;  // the reader notices the closed connection
       }
-      sent += static_cast<std::size_t>(n);
+      auto sent = static_cast<std::size_t>(n);
+      while (message.msg_iovlen > 0 && sent >= message.msg_iov->iov_len) {
+        sent -= message.msg_iov->iov_len;
+        ++message.msg_iov;
+        --message.msg_iovlen;
+      }
+      if (message.msg_iovlen > 0) {
+        message.msg_iov->iov_base = static_cast<char*>(message.msg_iov->iov_base) + sent;
+        message.msg_iov->iov_len -= sent;
+      }
     }
-    writing.clear(std::memory_order_release);
   }
 
   void record_failure(PeerFailure failed) {
@@ -89,10 +118,22 @@ struct CoordinationClient::Impl {
   }
 
   void read_loop() {
-    FrameReader frames(fd, std::size_t{1} << 34, std::move(leftover));
+    FrameReader frames(fd, std::size_t{1} << 34, std::move(leftover), keys.to_client);
+    frames.on_bytes([this] { heard_bytes(); });
     for (;;) {
       std::string error;
       auto frame = frames.next(error);
+      if (!frame && frames.altered()) {
+        // Said to the pool as this process's own failure, so every process
+        // prints the same line naming the altered connection.
+        const std::string rank = std::to_string(config.rank);
+        const std::string message = "the connection of process " + rank +
+                                    " to the coordination service was altered on the way: " + error +
+                                    " (a relay or a faulty network between process " + rank + " and process 0)";
+        write_frame(
+            wire::Frame{wire::Type::kFail, {wire::encode_u64(static_cast<std::uint64_t>(config.rank)), message}});
+        record_failure(PeerFailure{config.rank, message});
+      }
       if (!frame) {
         {
           std::lock_guard lock(mutex);
@@ -123,9 +164,11 @@ struct CoordinationClient::Impl {
         case wire::Type::kAgreeTimeout:
         case wire::Type::kGathered: {
           const auto id = wire::decode_u64(frame->items[0]).value_or(0);
-          std::lock_guard lock(mutex);
-          replies[id] = std::move(*frame);
-          changed.notify_all();
+          {
+            std::lock_guard lock(mutex);
+            replies[id] = std::move(*frame);
+          }
+          changed.notify_all();  // unlocked: the waiter does not wake into a held mutex
           break;
         }
         default:
@@ -134,12 +177,40 @@ struct CoordinationClient::Impl {
     }
   }
 
+  // Bytes from the service: it is alive. After a silence of over half the
+  // heartbeat timeout (two heartbeats late), it is named as slow.
+  void heard_bytes() {
+    const auto now = Clock::now();
+    Clock::duration gap{};
+    {
+      std::lock_guard lock(mutex);
+      gap = now - last_heard;
+      // This process's own pause (SIGSTOP, a starved machine) is not the
+      // service's slowness: its heartbeat thread woke late too.
+      const bool paused = paused_at > last_heard ||
+                          now - last_tick > 2 * std::max(config.heartbeat_timeout / 4, std::chrono::milliseconds(20));
+      last_heard = now;
+      if (paused || gap <= config.heartbeat_timeout / 2 || now - said_slow < config.slow_after) return;
+      said_slow = now;
+    }
+    char line[200];
+    std::snprintf(line, sizeof line,
+                  "the coordination service on process 0 is slow: nothing heard from it for %.1f s (it is counted as "
+                  "lost after %.1f s of silence)",
+                  std::chrono::duration<double>(gap).count(),
+                  std::chrono::duration<double>(config.heartbeat_timeout).count());
+    log_warn(line);
+  }
+
   void heartbeat_loop() {
     const auto interval = std::max(config.heartbeat_timeout / 4, std::chrono::milliseconds(20));
     std::unique_lock lock(mutex);
     while (!leaving) {
-      if (changed.wait_for(lock, interval, [&] { return leaving; })) return;
-      const bool silent = Clock::now() - last_heard > config.heartbeat_timeout;
+      if (stopping.wait_for(lock, interval, [&] { return leaving; })) return;
+      const auto now = Clock::now();
+      if (now - last_tick > 2 * interval) paused_at = now;  // this process was stopped or starved
+      last_tick = now;
+      const bool silent = now - last_heard > config.heartbeat_timeout;
       lock.unlock();
       if (silent) {
         record_failure(PeerFailure{0, "the coordination service on process 0 stopped answering heartbeats"});
@@ -190,6 +261,7 @@ Result<std::unique_ptr<CoordinationClient>> CoordinationClient::connect(ClientCo
   impl->socket = std::move(connection.value().socket);
   impl->fd = impl->socket.native_handle();
   impl->leftover = std::move(connection.value().leftover);
+  impl->keys = std::move(connection.value().keys);
 
   Impl* raw = impl.get();
   impl->last_heard = Clock::now();
@@ -203,6 +275,7 @@ CoordinationClient::~CoordinationClient() {
     std::lock_guard lock(impl_->mutex);
     impl_->leaving = true;
     impl_->changed.notify_all();
+    impl_->stopping.notify_all();
   }
   ::shutdown(impl_->fd, SHUT_RDWR);
   if (impl_->reader.joinable()) impl_->reader.join();
@@ -263,13 +336,7 @@ void CoordinationClient::prepare_signal_frame(int slot, const std::string& messa
 
 void CoordinationClient::publish_prepared_from_signal(int slot) noexcept {
   if (impl_->writing.test_and_set(std::memory_order_acquire)) return;  // a write was cut by the signal
-  const std::string& bytes = impl_->signal_frames[slot];
-  std::size_t sent = 0;
-  while (sent < bytes.size()) {
-    const ssize_t n = ::send(impl_->fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
-    if (n <= 0) break;
-    sent += static_cast<std::size_t>(n);
-  }
+  impl_->send_tagged(impl_->signal_frames[slot]);
   impl_->writing.clear(std::memory_order_release);
 }
 
@@ -284,6 +351,7 @@ void CoordinationClient::leave() {
     if (impl_->leaving) return;
     impl_->leaving = true;
     impl_->changed.notify_all();
+    impl_->stopping.notify_all();
   }
   impl_->write_frame(wire::Frame{wire::Type::kBye, {}});
   ::shutdown(impl_->fd, SHUT_RDWR);

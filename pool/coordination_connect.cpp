@@ -117,6 +117,10 @@ Error handshake_error(const handshake::Reading& reading, const std::string& buff
     case Heard::kRefused:
       return permission_denied("the coordination service at " + where + " refused process " +
                                std::to_string(config.rank) + ": " + reading.value);
+    case Heard::kBusy:
+      return unavailable("the coordination service at " + where +
+                         " was still busy with unauthenticated connections when the join's time was up (" +
+                         reading.value + "); something floods its port");
     case Heard::kWrongSecret:
       return permission_denied("the coordination service at " + where +
                                " does not know this pool's secret (another pool's coordinator on that port?)");
@@ -143,28 +147,53 @@ void send_all(int fd, const std::string& bytes) {
   }
 }
 
+// Connects and reads the service's challenge; a service busy with strangers
+// (a flood of connections that never authenticate) says so instead, and the
+// process connects again after a pause, until the join's deadline.
+Result<ServiceConnection> connect_for_challenge(asio::io_context& io, const ClientConfig& config,
+                                                const std::string& where, handshake::Reading& challenge) {
+  WaitReporter reporter("the coordination service at " + where + " to answer",
+                        config.join_deadline - config.join_timeout, config.join_timeout);
+  for (auto pause = std::chrono::milliseconds(10);; pause = std::min(pause * 2, std::chrono::milliseconds(100))) {
+    auto socket = connect_with_retries(io, config, where);
+    if (!socket.ok()) return socket.error();
+    std::error_code ignored;
+    socket.value().set_option(tcp::no_delay(true), ignored);
+    const int fd = socket.value().native_handle();
+    // The asynchronous connect left the descriptor non-blocking; from here on
+    // the client reads and writes it with blocking calls (poll bounds the
+    // handshake's waits).
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    std::string buffer;
+    std::string error;
+    challenge = read_until_conclusive(fd, buffer, config, reporter, error, handshake::read_challenge);
+    if (challenge.heard == handshake::Heard::kChallenge) {
+      buffer.erase(0, challenge.consumed);
+      return ServiceConnection{std::move(socket.value()), std::move(buffer), {}};
+    }
+    if (challenge.heard != handshake::Heard::kBusy || Clock::now() + pause >= config.join_deadline) {
+      return handshake_error(challenge, buffer, error, config, where);
+    }
+    log_debug("join: " + where + " is busy (" + challenge.value + "); connecting again in " +
+              std::to_string(pause.count()) + " ms");
+    reporter.tick("it is busy: " + challenge.value);
+    std::this_thread::sleep_for(pause);
+  }
+}
+
 }  // namespace
 
 Result<ServiceConnection> connect_to_service(asio::io_context& io, const ClientConfig& config) {
   const std::string where = host_port(config.host, std::to_string(config.port));
-  auto socket = connect_with_retries(io, config, where);
-  if (!socket.ok()) return socket.error();
-  std::error_code ignored;
-  socket.value().set_option(tcp::no_delay(true), ignored);
-  const int fd = socket.value().native_handle();
-  // The asynchronous connect left the descriptor non-blocking; from here on
-  // the client reads and writes it with blocking calls (poll bounds the
-  // handshake's waits).
-  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-
   // The service's challenge, our proof, its proof back.
+  handshake::Reading challenge;
+  auto connection = connect_for_challenge(io, config, where, challenge);
+  if (!connection.ok()) return connection.error();
+  const int fd = connection.value().socket.native_handle();
   WaitReporter reporter("the coordination service at " + where + " to answer",
                         config.join_deadline - config.join_timeout, config.join_timeout);
-  std::string buffer;
+  std::string buffer = std::move(connection.value().leftover);
   std::string error;
-  auto challenge = read_until_conclusive(fd, buffer, config, reporter, error, handshake::read_challenge);
-  if (challenge.heard != handshake::Heard::kChallenge) return handshake_error(challenge, buffer, error, config, where);
-  buffer.erase(0, challenge.consumed);
   std::string secret = config.secret;
   if (secret.empty() && config.secret_from_credential) {
     if (challenge.credential.empty()) {
@@ -188,7 +217,8 @@ Result<ServiceConnection> connect_to_service(asio::io_context& io, const ClientC
   });
   if (welcome.heard != handshake::Heard::kWelcome) return handshake_error(welcome, buffer, error, config, where);
   buffer.erase(0, welcome.consumed);
-  return ServiceConnection{std::move(socket.value()), std::move(buffer)};
+  return ServiceConnection{std::move(connection.value().socket), std::move(buffer),
+                           auth::frame_keys(secret, challenge.value, client_nonce, rank)};
 }
 
 }  // namespace dew::runtime

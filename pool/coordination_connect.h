@@ -7,6 +7,7 @@
 #include <asio.hpp>
 #include <string>
 
+#include "auth.h"
 #include "coordination.h"
 #include "dew/result.h"
 
@@ -15,6 +16,7 @@ namespace dew::runtime {
 struct ServiceConnection {
   asio::ip::tcp::socket socket;
   std::string leftover;  // bytes read past the handshake: the first frames after it
+  auth::FrameKeys keys;  // the connection's tag keys (auth.h)
 };
 
 // Errors name the address, the phase (connecting, handshake) and what was

@@ -1,6 +1,8 @@
 // The coordination service's connections: accepting (backing off when file
 // descriptors run out), reading and writing frames, the handshake, and
 // heartbeats both ways. Requests are in service_requests.cpp.
+#include <malloc.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -88,6 +90,19 @@ void CoordinationService::Impl::accept_failed(std::error_code ec) {
 }
 
 void CoordinationService::Impl::accepted(tcp::socket socket) {
+  if (!room_for_stranger()) {
+    // Said without queueing: the socket is closed before this returns.
+    const std::string busy = wire::encode(
+        wire::Frame{wire::Type::kBusy, {std::to_string(pending.size()) + " unauthenticated connections are waiting"}});
+    std::error_code ignored;
+    socket.non_blocking(true, ignored);
+    socket.send(asio::buffer(busy), 0, ignored);
+    note_stranger("told a connection from " + peer_of(socket) + " to come back: " + std::to_string(pending.size()) +
+                  " unauthenticated connections are open, none older than " + std::to_string(kStrangerGrace.count()) +
+                  " ms");
+    socket.close(ignored);
+    return;
+  }
   auto session = std::make_shared<Session>(std::move(socket));
   session->peer = peer_of(session->socket);
   std::error_code ignored;
@@ -107,44 +122,60 @@ void CoordinationService::Impl::accepted(tcp::socket socket) {
   read(session);
 }
 
+CoordinationService::Impl::Chunk CoordinationService::Impl::chunk_of(std::string bytes) {
+  auto part = std::make_shared<Part>();
+  part->length = bytes.size();
+  part->storage = std::move(bytes);
+  return part;
+}
+
+// Frames are tagged once the session's keys are set (after the welcome).
 void CoordinationService::Impl::send(const SessionPtr& session, const wire::Frame& frame) {
-  send_shared(session, wire::encode(frame), {});
-}
-
-void CoordinationService::Impl::send_shared(const SessionPtr& session, std::string head,
-                                            std::vector<std::shared_ptr<const Part>> parts) {
   if (session->closed) return;
-  const bool idle = session->out.empty();
-  Outgoing outgoing;
-  outgoing.head = std::move(head);
-  outgoing.parts = std::move(parts);
-  session->out.push_back(std::move(outgoing));
-  if (idle) write(session);
+  std::string bytes = wire::encode(frame);
+  if (!session->keys.to_client.empty()) {
+    const auto tag = auth::frame_tag(session->keys.to_client, session->sent_frames++, bytes);
+    bytes.append(reinterpret_cast<const char*>(tag.data()), tag.size());
+  }
+  queue(session, chunk_of(std::move(bytes)));
 }
 
-// Writes the head of the first queued frame, then its shared parts one by
-// one (each after its length), dropping each part once written.
+void CoordinationService::Impl::send_shared(const SessionPtr& session, std::string head, const std::vector<Chunk>& tail,
+                                            const auth::Digest& tail_digest) {
+  if (session->closed) return;
+  const auto tag = auth::frame_tag(session->keys.to_client, session->sent_frames++, head, tail_digest);
+  queue(session, chunk_of(std::move(head)));
+  for (const auto& chunk : tail) queue(session, chunk);
+  queue(session, chunk_of(std::string(reinterpret_cast<const char*>(tag.data()), tag.size())));
+}
+
+void CoordinationService::Impl::queue(const SessionPtr& session, Chunk chunk) {
+  session->out.push_back(std::move(chunk));
+  if (session->in_flight == 0) write(session);
+}
+
+// Writes up to kChunksPerWrite chunks, or kBytesPerWrite (at least one
+// chunk), in one gathered write, then drops them: small frames go out
+// together, and a large part is let go as soon as it is out, not with the
+// whole reply.
 void CoordinationService::Impl::write(const SessionPtr& session) {
-  Outgoing& next = session->out.front();
-  std::array<asio::const_buffer, 2> buffers{asio::buffer(next.head), asio::const_buffer()};
-  if (next.head_sent) {
-    const std::string_view part = next.parts[next.parts_sent]->bytes();
-    next.length = wire::encode_length(part.size());
-    buffers = {asio::buffer(next.length), asio::buffer(part.data(), part.size())};
+  std::vector<asio::const_buffer> buffers;
+  std::size_t bytes_taken = 0;
+  for (std::size_t i = 0; i < session->out.size() && i < kChunksPerWrite; ++i) {
+    const std::string_view bytes = session->out[i]->bytes();
+    if (i > 0 && bytes_taken + bytes.size() > kBytesPerWrite) break;
+    buffers.emplace_back(bytes.data(), bytes.size());
+    bytes_taken += bytes.size();
   }
+  session->in_flight = buffers.size();
   asio::async_write(session->socket, buffers, [this, session](std::error_code ec, std::size_t) {
     // A session closed meanwhile has dropped its queue (close() frees it).
     if (ec || session->closed) {
       close(session, "");
       return;
     }
-    Outgoing& sent = session->out.front();
-    if (!sent.head_sent) {
-      sent.head_sent = true;
-    } else {
-      sent.parts[sent.parts_sent++].reset();
-    }
-    if (sent.parts_sent == sent.parts.size()) session->out.pop_front();
+    session->out.erase(session->out.begin(), session->out.begin() + static_cast<std::ptrdiff_t>(session->in_flight));
+    session->in_flight = 0;
     if (!session->out.empty()) {
       write(session);
     } else {
@@ -170,7 +201,9 @@ void CoordinationService::Impl::read(const SessionPtr& session) {
       close(session, "");
       return;
     }
-    session->last_heard = Clock::now();
+    const auto now = Clock::now();
+    if (session->rank >= 0) note_gap(*session, now);
+    session->last_heard = now;
     session->in.append(session->chunk.data(), n);
     if (take_frames(session)) read(session);
   });
@@ -178,15 +211,18 @@ void CoordinationService::Impl::read(const SessionPtr& session) {
 
 // Handles every whole frame in the session's buffer; false once the session
 // is closed. A large frame's buffer is sized once from its header and freed
-// after it, so a gather's parts are not held twice.
+// after it, so a gather's parts are not held twice. An authenticated
+// session's frames are each followed by a tag (auth.h), checked first.
 bool CoordinationService::Impl::take_frames(const SessionPtr& session) {
   while (!session->closed) {
     const bool authenticated = session->rank >= 0;
     const std::size_t limit = authenticated ? wire::kMaxFrameBytes : wire::kMaxHandshakeFrameBytes;
+    const std::size_t tag = authenticated ? auth::kTagBytes : 0;
     const auto decoded = wire::decode_views(session->in, limit);
-    if (decoded.status == wire::DecodeStatus::kNeedMore) {
+    if (decoded.status == wire::DecodeStatus::kNeedMore ||
+        (decoded.status == wire::DecodeStatus::kFrame && session->in.size() < decoded.consumed + tag)) {
       if (auto size = wire::announced_size(session->in); size && *size <= limit + wire::kHeaderBytes) {
-        session->in.reserve(*size);
+        session->in.reserve(*size + tag);
       }
       break;
     }
@@ -201,12 +237,13 @@ bool CoordinationService::Impl::take_frames(const SessionPtr& session) {
       }
       return false;
     }
+    if (authenticated && !tag_holds(session, decoded.consumed, decoded.type)) return false;
     if (authenticated && decoded.type == wire::Type::kGather) {
       take_gather(session, decoded);
       continue;
     }
     wire::Frame frame{decoded.type, std::vector<std::string>(decoded.items.begin(), decoded.items.end())};
-    session->in.erase(0, decoded.consumed);
+    session->in.erase(0, decoded.consumed + tag);
     if (session->in.empty() && session->in.capacity() > session->chunk.size()) std::string().swap(session->in);
     if (session->rank == -2) continue;  // refused, closing
     if (!authenticated) {
@@ -218,21 +255,38 @@ bool CoordinationService::Impl::take_frames(const SessionPtr& session) {
   return !session->closed;
 }
 
-// A gather's part stays in the buffer it arrived in when the frame is all
-// the buffer holds (a large part arrives so); a small one is copied out.
+// A frame whose tag does not hold was altered on the way (or forged): the
+// pool cannot trust that connection, and ends naming it.
+bool CoordinationService::Impl::tag_holds(const SessionPtr& session, std::size_t bytes, wire::Type type) {
+  const std::string_view frame = std::string_view(session->in).substr(0, bytes);
+  const auto expected = auth::frame_tag(session->keys.to_service, session->received_frames++, frame);
+  if (auth::same_tag(expected, std::string_view(session->in).substr(bytes, auth::kTagBytes))) return true;
+  const std::string rank = std::to_string(session->rank);
+  publish(PeerFailure{
+      session->rank, "the connection of process " + rank + " to the coordination service was altered on the way: its " +
+                         std::string(wire::type_name(type)) + " frame " + std::to_string(session->received_frames - 1) +
+                         " failed its integrity check (a relay or a faulty network between process " + rank +
+                         " and process 0)"});
+  close(session, "closed the connection of process " + rank + ": a frame failed its integrity check");
+  return false;
+}
+
+// A gather's part stays in the buffer it arrived in when the frame (and its
+// tag) is all the buffer holds (a large part arrives so); a small one is
+// copied out.
 void CoordinationService::Impl::take_gather(const SessionPtr& session, const wire::DecodedViews& decoded) {
   const std::string request(decoded.items[0]);
   const std::string round(decoded.items[1]);
   const std::string patience(decoded.items[3]);
   Part part;
-  if (decoded.consumed == session->in.size() && decoded.items[2].size() > session->chunk.size()) {
+  if (decoded.consumed + auth::kTagBytes == session->in.size() && decoded.items[2].size() > session->chunk.size()) {
     part.offset = static_cast<std::size_t>(decoded.items[2].data() - session->in.data());
     part.length = decoded.items[2].size();
     part.storage = std::exchange(session->in, std::string());
   } else {
     part.storage = std::string(decoded.items[2]);
     part.length = part.storage.size();
-    session->in.erase(0, decoded.consumed);
+    session->in.erase(0, decoded.consumed + auth::kTagBytes);
   }
   handle_gather(session, request, round, patience, std::move(part));
 }
@@ -275,12 +329,15 @@ void CoordinationService::Impl::handle_hello(const SessionPtr& session, const wi
   }
   pending.erase(session);
   session->rank = r;
+  session->chunk.resize(kReadBytes);
   slot = session;
   {
     std::lock_guard lock(mutex);
     connected.insert(r);
   }
   send(session, wire::Frame{wire::Type::kWelcome, {auth::welcome_mac(config.secret, frame.items[2])}});
+  // Every frame after the welcome, both ways, carries a tag.
+  session->keys = auth::frame_keys(config.secret, session->nonce, frame.items[2], *rank);
   if (failure) {
     send(session, wire::Frame{wire::Type::kFailure,
                               {wire::encode_u64(static_cast<std::uint64_t>(failure->rank)), failure->message}});
@@ -295,7 +352,12 @@ void CoordinationService::Impl::close(const SessionPtr& session, const std::stri
   session->socket.shutdown(tcp::socket::shutdown_both, ignored);
   session->socket.close(ignored);
   session->out.clear();  // a gather's shared parts are not held for a dead connection
-  pending.erase(session);
+  if (pending.erase(session) && ++strangers_closed >= 256 && pending.empty()) {
+    // After a flood, give the freed sessions' memory back to the system
+    // (glibc keeps freed heap otherwise; 10,000 strangers once held 660 MB).
+    strangers_closed = 0;
+    ::malloc_trim(0);
+  }
   if (session->rank < 0) return;
   const int rank = session->rank;
   if (clients[static_cast<std::size_t>(rank)] == session) {
@@ -312,33 +374,16 @@ void CoordinationService::Impl::close(const SessionPtr& session, const std::stri
   note_flushed();
 }
 
-void CoordinationService::Impl::note_stranger(const std::string& line) {
-  const auto now = Clock::now();
-  if (now - strangers.last_line < std::chrono::seconds(1)) {
-    ++strangers.held_back;
-    return;
-  }
-  const int held = std::exchange(strangers.held_back, 0);
-  log(line +
-      (held ? " (" + std::to_string(held) + " more notices about outside connections held back before it)" : ""));
-  strangers.last_line = now;
-}
-
-void CoordinationService::Impl::flush_stranger_notices() {
-  if (strangers.held_back == 0 || Clock::now() - strangers.last_line < std::chrono::seconds(1)) return;
-  log(std::to_string(std::exchange(strangers.held_back, 0)) +
-      " more notices about outside connections held back (refused, closed or not accepted; one line a second at most)");
-  strangers.last_line = Clock::now();
-}
-
 // Heartbeats both ways: every quarter of the timeout the service sends one
 // to each process and drops those it has not heard from for the timeout.
 void CoordinationService::Impl::beat() {
   const auto interval = std::max(config.heartbeat_timeout / 4, std::chrono::milliseconds(20));
   heartbeat.expires_after(interval);
-  heartbeat.async_wait([this](std::error_code ec) {
+  heartbeat.async_wait([this, interval](std::error_code ec) {
     if (ec) return;
     const auto now = Clock::now();
+    if (now - last_beat > 2 * interval) paused_at = now;
+    last_beat = now;
     for (const auto& client : clients) {
       if (!client || client->closed || client->bye) continue;
       if (now - client->last_heard > config.heartbeat_timeout) {
@@ -373,6 +418,7 @@ Result<std::unique_ptr<CoordinationService>> CoordinationService::start(ServiceC
   impl->port = port.value();
   impl->accept();
   impl->beat();
+  impl->watch_slow_rounds();
   Impl* raw = impl.get();
   impl->thread = std::thread([raw] { raw->io.run(); });
   return std::unique_ptr<CoordinationService>(new CoordinationService(std::move(impl)));

@@ -17,15 +17,29 @@ std::string receive_error(ssize_t n) {
 
 }  // namespace
 
-FrameReader::FrameReader(int fd, std::size_t limit, std::string leftover)
-    : fd_(fd), limit_(limit), buffer_(std::move(leftover)) {}
+FrameReader::FrameReader(int fd, std::size_t limit, std::string leftover, std::string key)
+    : fd_(fd), limit_(limit), buffer_(std::move(leftover)), key_(std::move(key)) {}
 
 std::optional<wire::Frame> FrameReader::next(std::string& error) {
   for (;;) {
-    auto decoded = wire::decode(buffer_, limit_);
+    auto decoded = wire::decode_views(buffer_, limit_);
     if (decoded.status == wire::DecodeStatus::kFrame) {
+      if (!key_.empty()) {
+        if (!fill(decoded.consumed + auth::kTagBytes, error)) return std::nullopt;
+        decoded = wire::decode_views(buffer_, limit_);  // the buffer may have moved
+        const std::string_view frame = std::string_view(buffer_).substr(0, decoded.consumed);
+        const std::size_t head = wire::head_bytes(frame);
+        auth::TailDigest tail;
+        tail.add(frame.substr(head));
+        wire::Frame whole{decoded.type, std::vector<std::string>(decoded.items.begin(), decoded.items.end())};
+        const std::string head_bytes(frame.substr(0, head));
+        buffer_.erase(0, decoded.consumed);
+        if (!take_tag(head_bytes, tail.finish(), whole.type, error)) return std::nullopt;
+        return whole;
+      }
+      wire::Frame whole{decoded.type, std::vector<std::string>(decoded.items.begin(), decoded.items.end())};
       buffer_.erase(0, decoded.consumed);
-      return std::move(decoded.frame);
+      return whole;
     }
     if (decoded.status == wire::DecodeStatus::kBad) {
       error = decoded.error;
@@ -38,6 +52,18 @@ std::optional<wire::Frame> FrameReader::next(std::string& error) {
   }
 }
 
+bool FrameReader::take_tag(std::string_view head, const auth::Digest& tail, wire::Type type, std::string& error) {
+  if (!fill(auth::kTagBytes, error)) return false;
+  const auto expected = auth::frame_tag(key_, sequence_++, head, tail);
+  const bool same = auth::same_tag(expected, std::string_view(buffer_).substr(0, auth::kTagBytes));
+  buffer_.erase(0, auth::kTagBytes);
+  if (same) return true;
+  altered_ = true;
+  error = "its " + std::string(wire::type_name(type)) + " frame " + std::to_string(sequence_ - 1) +
+          " from the coordination service failed its integrity check";
+  return false;
+}
+
 bool FrameReader::fill(std::size_t bytes, std::string& error) {
   char chunk[65536];
   while (buffer_.size() < bytes) {
@@ -47,6 +73,7 @@ bool FrameReader::fill(std::size_t bytes, std::string& error) {
       error = receive_error(n);
       return false;
     }
+    if (heard_) heard_();
     buffer_.append(chunk, static_cast<std::size_t>(n));
   }
   return true;
@@ -60,14 +87,19 @@ bool FrameReader::read_into(std::string& item, std::size_t have, std::string& er
       error = receive_error(n);
       return false;
     }
+    if (heard_) heard_();
     have += static_cast<std::size_t>(n);
   }
   return true;
 }
 
+// The frame's head (length, type, first item) is kept for its tag; every
+// byte after it goes through the tail's digest as it arrives.
 std::optional<wire::Frame> FrameReader::stream(std::size_t frame_bytes, std::string& error) {
   wire::Frame frame;
   frame.type = static_cast<wire::Type>(buffer_[wire::kHeaderBytes]);
+  std::string head = buffer_.substr(0, wire::kHeaderBytes + 1);
+  auth::TailDigest tail;
   std::size_t body_left = frame_bytes - wire::kHeaderBytes - 1;
   buffer_.erase(0, wire::kHeaderBytes + 1);
   const std::string kind(wire::type_name(frame.type));
@@ -77,7 +109,14 @@ std::optional<wire::Frame> FrameReader::stream(std::size_t frame_bytes, std::str
       return std::nullopt;
     }
     if (!fill(4, error)) return std::nullopt;
+    const std::string_view length_bytes = std::string_view(buffer_).substr(0, 4);
     const std::size_t length = wire::decode_u32(buffer_);
+    const bool first = frame.items.empty();
+    if (first) {
+      head += length_bytes;
+    } else {
+      tail.add(length_bytes);
+    }
     buffer_.erase(0, 4);
     body_left -= 4;
     if (length > body_left) {
@@ -89,6 +128,11 @@ std::optional<wire::Frame> FrameReader::stream(std::size_t frame_bytes, std::str
     buffer_.copy(item.data(), have);
     buffer_.erase(0, have);
     if (!read_into(item, have, error)) return std::nullopt;
+    if (first) {
+      head += item;
+    } else {
+      tail.add(item);
+    }
     body_left -= length;
     frame.items.push_back(std::move(item));
   }
@@ -96,6 +140,7 @@ std::optional<wire::Frame> FrameReader::stream(std::size_t frame_bytes, std::str
     error = kind + " frame with " + std::to_string(frame.items.size()) + " items";
     return std::nullopt;
   }
+  if (!key_.empty() && !take_tag(head, tail.finish(), frame.type, error)) return std::nullopt;
   return frame;
 }
 

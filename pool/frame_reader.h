@@ -1,32 +1,48 @@
 // Reads whole frames from a blocking socket, for a process's connection to
 // the coordination service. A large frame (a gather's reply) is read item by
 // item straight into the strings it returns, so it is held once, not twice.
-// Private to pool/.
+// With a key, every frame must be followed by its tag (auth.h) and is
+// refused otherwise. Private to pool/.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
+#include "auth.h"
 #include "wire.h"
 
 namespace dew::runtime {
 
 class FrameReader {
  public:
-  // `leftover`: bytes already read past the handshake.
-  FrameReader(int fd, std::size_t limit, std::string leftover = {});
+  // `leftover`: bytes already read past the handshake. `key`: the service's
+  // key towards this process; empty during the handshake (no tags yet).
+  FrameReader(int fd, std::size_t limit, std::string leftover = {}, std::string key = {});
   // nullopt at the end of the stream or on an error (`error` says which).
   std::optional<wire::Frame> next(std::string& error);
+  // Called whenever bytes arrive, so a reply that takes long to arrive
+  // (a large gather on a slow link) still counts as hearing from the service.
+  void on_bytes(std::function<void()> heard) { heard_ = std::move(heard); }
+  // Whether the last error was a frame that failed its tag.
+  bool altered() const { return altered_; }
 
  private:
   bool fill(std::size_t bytes, std::string& error);  // until buffer_ holds `bytes`
   bool read_into(std::string& item, std::size_t have, std::string& error);
   std::optional<wire::Frame> stream(std::size_t frame_bytes, std::string& error);
+  // Checks the tag at the front of buffer_ (and removes it).
+  bool take_tag(std::string_view head, const auth::Digest& tail, wire::Type type, std::string& error);
 
   int fd_;
   std::size_t limit_;
   std::string buffer_;
+  std::string key_;
+  std::uint64_t sequence_ = 0;
+  std::function<void()> heard_;
+  bool altered_ = false;
 };
 
 }  // namespace dew::runtime

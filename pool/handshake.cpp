@@ -34,6 +34,7 @@ Reading read_challenge(std::string_view bytes) {
   if (reading.consumed == 0) return reading;
   if (frame.type == wire::Type::kRefused)
     return Reading{Heard::kRefused, printable(frame.items[0]), reading.consumed, ""};
+  if (frame.type == wire::Type::kBusy) return Reading{Heard::kBusy, printable(frame.items[0]), reading.consumed, ""};
   if (frame.type != wire::Type::kChallenge || frame.items[0].size() != auth::kNonceBytes) {
     return not_dew(bytes, "a " + std::string(wire::type_name(frame.type)) + " frame where a challenge belongs");
   }

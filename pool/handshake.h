@@ -15,6 +15,7 @@ enum class Heard {
   kChallenge,    // a Dew service's challenge: `value` is its nonce
   kWelcome,      // the service proved it knows the secret
   kRefused,      // the service refused us: `value` is its reason
+  kBusy,         // the service has too many unauthenticated connections now: connect again
   kWrongSecret,  // a Dew service that does not know this pool's secret
   kNotDew,       // bytes no Dew service sends: `value` describes them
 };

@@ -362,6 +362,9 @@ Result<Settings> resolve_settings(const Environment& env, const JoinOptions& opt
   auto exit_bound = seconds_setting(env, "DEW_EXIT_BOUND_SECONDS", options.exit_bound, settings.exit_bound);
   if (!exit_bound.ok()) return exit_bound.error();
   settings.exit_bound = exit_bound.value();
+  auto slow_after = seconds_setting(env, "DEW_SLOW_SECONDS", options.slow_after, settings.slow_after);
+  if (!slow_after.ok()) return slow_after.error();
+  settings.slow_after = slow_after.value();
   return settings;
 }
 

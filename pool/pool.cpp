@@ -3,6 +3,7 @@
 // together. The failure path is in failure.cpp.
 #include "dew/pool.h"
 
+#include <malloc.h>
 #include <unistd.h>
 
 #include "dew/framework_env.h"
@@ -22,6 +23,8 @@ std::string hostname() {
   return name;
 }
 
+constexpr std::size_t kTrimAfterBytes = std::size_t{16} << 20;
+
 std::string seconds_of(std::chrono::milliseconds duration) {
   return seconds_text(std::chrono::duration<double>(duration).count());
 }
@@ -30,7 +33,7 @@ std::unique_ptr<CoordinationService> start_service(const Pool::State& state, con
                                                    std::uint16_t port,
                                                    std::function<Result<std::string>()> credential = {}) {
   auto service = CoordinationService::start(
-      ServiceConfig{state.identity.size, secret, port, state.settings.heartbeat_timeout,
+      ServiceConfig{state.identity.size, secret, port, state.settings.heartbeat_timeout, state.settings.slow_after,
                     [](const std::string& line) { log_warn("coordination service: " + line); }, std::move(credential)});
   if (!service.ok()) {
     const auto& id = state.identity;
@@ -141,6 +144,7 @@ void connect_client(Pool::State& state, const std::string& secret, Clock::time_p
                         raw->changed.notify_all();
                       },
                       {}};
+  config.slow_after = state.settings.slow_after;
   if (open_with_munge) {
     config.secret_from_credential = [where = munge_auth::where_from_env(),
                                      context = munge_context(state)](const std::string& credential) {
@@ -395,6 +399,10 @@ std::vector<std::string> Pool::all_gather(const std::string& bytes) {
   }
   ++state_->gather_round;
   if (!state_->client) return {bytes};
+  // glibc keeps a large round's freed buffers (its mmap threshold rises to
+  // the largest freed block), and the next rounds' buffers grow the heap
+  // beside them: after a round of 16 MiB or more, give them back first.
+  if (state_->last_gather_bytes >= kTrimAfterBytes) ::malloc_trim(0);
   if (state_->pmix) {
     auto gathered = state_->pmix->all_gather(bytes, state_->settings.agreement_patience);
     if (!gathered.ok()) {
@@ -411,6 +419,8 @@ std::vector<std::string> Pool::all_gather(const std::string& bytes) {
                       processes_text(missing) + " never arrived"),
         missing);
   }
+  state_->last_gather_bytes = 0;
+  for (const auto& part : parts) state_->last_gather_bytes += part.size();
   return parts;
 }
 

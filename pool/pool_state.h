@@ -35,6 +35,7 @@ struct Pool::State {
   std::unique_ptr<CoordinationClient> client;
   std::map<std::string, unsigned> agreement_rounds;
   unsigned gather_round = 0;
+  std::size_t last_gather_bytes = 0;            // the previous round's reply, for trimming after large ones
   std::map<std::string, std::string> local_kv;  // a pool of one
 
   std::atomic<bool> failing{false};

@@ -16,6 +16,7 @@
 #include <set>
 #include <thread>
 
+#include "auth.h"
 #include "coordination.h"
 #include "wire.h"
 
@@ -34,18 +35,25 @@ struct CoordinationService::Impl {
     std::string_view bytes() const { return std::string_view(storage).substr(offset, length); }
   };
 
-  // Bytes queued for one connection: a frame's own bytes, then (for a
-  // gather's reply) every process's part, shared by all the replies and
-  // written from where it arrived. Each connection lets go of a part once it
-  // has written it, so a part is freed when the slowest connection is past
-  // it, not when the whole round is out.
-  struct Outgoing {
-    std::string head;
-    std::vector<std::shared_ptr<const Part>> parts;
-    bool head_sent = false;
-    std::size_t parts_sent = 0;
-    std::string length;  // the part being written: its 4-byte length
-  };
+  // What a connection has left to write: chunks, each a frame's own bytes,
+  // a tag, or (for a gather's reply) a run of parts with their lengths,
+  // shared by every reply of the round. A write takes up to kChunksPerWrite
+  // chunks at once (one sendmsg for a whole small reply, a few for 1024
+  // parts), and drops each chunk once written, so a large part is freed
+  // when the slowest connection is past it, not when the round is out.
+  using Chunk = std::shared_ptr<const Part>;
+  static constexpr std::size_t kStrangerReadBytes = wire::kMaxHandshakeFrameBytes + wire::kHeaderBytes;
+  static constexpr std::size_t kReadBytes = std::size_t{64} << 10;
+  // Unauthenticated connections held at once: enough for every process of
+  // the pool to be mid-handshake twice over, so a join never meets the cap,
+  // and a few hundred more. A new stranger past it takes the place of the
+  // oldest one that has had kStrangerGrace to authenticate; with none such,
+  // it is told the service is busy (the client connects again).
+  std::size_t max_strangers() const { return 2 * static_cast<std::size_t>(config.size) + 512; }
+  static constexpr std::chrono::milliseconds kStrangerGrace{200};
+  static constexpr std::size_t kChunksPerWrite = 64;
+  static constexpr std::size_t kBytesPerWrite = std::size_t{256} << 10;
+  static Chunk chunk_of(std::string bytes);
 
   struct Session {
     explicit Session(tcp::socket s) : socket(std::move(s)) {}
@@ -57,9 +65,17 @@ struct CoordinationService::Impl {
     bool closed = false;
     Clock::time_point opened = Clock::now();
     Clock::time_point last_heard = Clock::now();
+    Clock::time_point said_slow{};  // when it was last named as slow
     std::string in;
-    std::array<char, 65536> chunk{};
-    std::deque<Outgoing> out;
+    // What one read takes: small until the session is authenticated (a
+    // stranger holds little: the handshake's frames are small), then 64 KiB.
+    std::vector<char> chunk = std::vector<char>(kStrangerReadBytes);
+    std::deque<Chunk> out;
+    std::size_t in_flight = 0;  // chunks at the front of `out` being written
+    // Tag keys and sequence numbers (auth.h), set once the hello is accepted.
+    auth::FrameKeys keys;
+    std::uint64_t sent_frames = 0;
+    std::uint64_t received_frames = 0;
   };
   using SessionPtr = std::shared_ptr<Session>;
 
@@ -73,13 +89,21 @@ struct CoordinationService::Impl {
     std::string request;
     std::shared_ptr<asio::steady_timer> timer;
   };
+  // When a round began (its first arrival) and when it is next said to be
+  // slow: at slow_after, then at twice, four times ... that wait.
+  struct Slowness {
+    Clock::time_point started = Clock::now();
+    Clock::duration next_word{};
+  };
   struct Agreement {
     std::set<int> arrived;
     std::vector<Waiter> waiters;
+    Slowness slowness;
   };
   struct Gathering {
     std::map<int, Part> parts;
     std::vector<Waiter> waiters;
+    Slowness slowness;
   };
 
   // Notices about connections from outside the pool, at most one line a
@@ -91,12 +115,13 @@ struct CoordinationService::Impl {
   };
 
   explicit Impl(ServiceConfig c)
-      : config(std::move(c)), acceptor(io), heartbeat(io), accept_pause(io), clients(config.size) {}
+      : config(std::move(c)), acceptor(io), heartbeat(io), slow_check(io), accept_pause(io), clients(config.size) {}
 
   ServiceConfig config;
   asio::io_context io;
   tcp::acceptor acceptor;
   asio::steady_timer heartbeat;
+  asio::steady_timer slow_check;
   asio::steady_timer accept_pause;  // backing off while file descriptors run out
   std::thread thread;
   std::uint16_t port = 0;
@@ -110,7 +135,13 @@ struct CoordinationService::Impl {
   std::uint64_t next_waiter = 1;
   std::optional<PeerFailure> failure;
   StrangerNotices strangers;
-  int accept_failures = 0;  // in a row
+  int accept_failures = 0;   // in a row
+  int strangers_closed = 0;  // since memory was last given back
+  // The heartbeat timer's last run, and when it last ran late: process 0
+  // itself was stopped or starved, and the silence it saw is not a peer's.
+  Clock::time_point last_beat = Clock::now();
+  Clock::time_point paused_at{};
+  Clock::time_point last_slow_line{};
 
   // Read by other threads.
   mutable std::mutex mutex;
@@ -123,13 +154,22 @@ struct CoordinationService::Impl {
   Result<std::uint16_t> listen(std::uint16_t wanted);
   void accept();
   void accepted(tcp::socket socket);
+  // Makes room for one more stranger; false when none may be dropped yet.
+  bool room_for_stranger();
   void accept_failed(std::error_code ec);
   void send(const SessionPtr& session, const wire::Frame& frame);
-  void send_shared(const SessionPtr& session, std::string head, std::vector<std::shared_ptr<const Part>> parts);
+  // A frame made of its own head and chunks shared with other replies, whose
+  // bytes' digest (for the tag) the caller computed once.
+  void send_shared(const SessionPtr& session, std::string head, const std::vector<Chunk>& tail,
+                   const auth::Digest& tail_digest);
+  void queue(const SessionPtr& session, Chunk chunk);
   void write(const SessionPtr& session);
   void note_flushed();
   void read(const SessionPtr& session);
   bool take_frames(const SessionPtr& session);
+  // Whether the tag after the frame of `bytes` bytes at the front of the
+  // session's buffer is right; publishes the alteration when not.
+  bool tag_holds(const SessionPtr& session, std::size_t bytes, wire::Type type);
   void take_gather(const SessionPtr& session, const wire::DecodedViews& decoded);
   void refuse(const SessionPtr& session, const std::string& reason);
   void handle_hello(const SessionPtr& session, const wire::Frame& frame);
@@ -137,6 +177,12 @@ struct CoordinationService::Impl {
   void note_stranger(const std::string& line);
   void flush_stranger_notices();
   void beat();
+  // Says which rounds have waited past slow_after, and for whom.
+  void say_slow_rounds(Clock::time_point now);
+  void watch_slow_rounds();
+  // A process heard after a silence of over half the heartbeat timeout (two
+  // heartbeats late) is named as slow, at most once per slow_after.
+  void note_gap(Session& session, Clock::time_point now);
   void log(const std::string& line) {
     if (config.log) config.log(line);
   }

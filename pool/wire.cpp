@@ -1,5 +1,6 @@
 #include "wire.h"
 
+#include <algorithm>
 #include <array>
 
 namespace dew::runtime::wire {
@@ -28,25 +29,11 @@ struct Shape {
 constexpr std::size_t kAny = static_cast<std::size_t>(-1);
 
 // Indexed by the type byte; entry 0 is no type.
-constexpr std::array<Shape, 18> kShapes = {{
-    {"", 0, 0},
-    {"challenge", 1, 2},
-    {"hello", 4, 4},
-    {"welcome", 1, 1},
-    {"refused", 1, 1},
-    {"put", 2, 2},
-    {"get", 3, 3},
-    {"value", 2, 2},
-    {"not-found", 1, 1},
-    {"agree", 3, 3},
-    {"agreed", 1, 1},
-    {"agree-timeout", 2, 2},
-    {"gather", 4, 4},
-    {"gathered", 2, kAny},
-    {"fail", 2, 2},
-    {"failure", 2, 2},
-    {"heartbeat", 0, 0},
-    {"bye", 0, 0},
+constexpr std::array<Shape, 19> kShapes = {{
+    {"", 0, 0},        {"challenge", 1, 2},     {"hello", 4, 4},  {"welcome", 1, 1},     {"refused", 1, 1},
+    {"put", 2, 2},     {"get", 3, 3},           {"value", 2, 2},  {"not-found", 1, 1},   {"agree", 3, 3},
+    {"agreed", 1, 1},  {"agree-timeout", 2, 2}, {"gather", 4, 4}, {"gathered", 2, kAny}, {"fail", 2, 2},
+    {"failure", 2, 2}, {"heartbeat", 0, 0},     {"bye", 0, 0},    {"busy", 1, 1},
 }};
 
 bool known_type(std::uint8_t byte) { return byte >= 1 && byte < kShapes.size(); }
@@ -121,6 +108,13 @@ std::size_t encoded_size(const std::vector<std::size_t>& item_sizes) {
 }
 
 std::uint32_t decode_u32(std::string_view bytes) { return get_u32(bytes, 0); }
+
+std::size_t head_bytes(std::string_view frame) noexcept {
+  constexpr std::size_t kTyped = kHeaderBytes + 1;
+  if (frame.size() < kTyped + 4) return std::min(frame.size(), kTyped);
+  const std::size_t first = get_u32(frame, kTyped);
+  return std::min(frame.size(), kTyped + 4 + first);
+}
 
 std::string encode_u64(std::uint64_t value) {
   std::string out;

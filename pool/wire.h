@@ -34,6 +34,7 @@ enum class Type : std::uint8_t {
   kFailure = 15,       // service -> clients: rank, message
   kHeartbeat = 16,     // either way, no items
   kBye = 17,           // client -> service: leaving normally
+  kBusy = 18,          // service -> client instead of a challenge: too many strangers now; reason (try again)
 };
 
 struct Frame {
@@ -65,6 +66,10 @@ std::string encode_head(Type type, const std::vector<std::string>& leading, std:
 // The bytes encode() makes of a frame with items of these sizes.
 std::size_t encoded_size(const std::vector<std::size_t>& item_sizes);
 std::string encode_u64(std::uint64_t value);
+// Where a frame's head ends (auth.h's tags hash the rest apart): after its
+// first item, or after the type byte when it has none. `frame` is a whole
+// frame that decoded; the answer never exceeds its size.
+std::size_t head_bytes(std::string_view frame) noexcept;
 // The 4-byte big-endian number `bytes` starts with (at least 4 bytes).
 std::uint32_t decode_u32(std::string_view bytes);
 // nullopt unless the item is exactly 8 bytes.

@@ -52,6 +52,15 @@ Result<Done> write_all(int fd, const char* data, std::size_t size, off_t at, con
   return Done{};
 }
 
+// 64 lowercase hex digits (a BLAKE2b-256 digest as blake2b_hex writes it).
+std::string hex_digest(const nlohmann::json& v, const char* what) {
+  const std::string text = v.get<std::string>();
+  if (text.size() != 64 || text.find_first_not_of("0123456789abcdef") != std::string::npos) {
+    throw std::invalid_argument(std::string(what) + " is not 64 lowercase hex digits");
+  }
+  return text;
+}
+
 nlohmann::json model_json(const ModelConfig& m) {
   return {{"vocab", m.vocab},       {"width", m.width}, {"layers", m.layers}, {"heads", m.heads},
           {"kv_heads", m.kv_heads}, {"mlp", m.mlp},     {"length", m.length}};
@@ -112,9 +121,9 @@ Result<std::vector<double>> read_state(const std::string& path, std::int64_t ele
   const auto size = fs::file_size(path, error);
   if (error) return not_found("checkpoint: cannot read " + path + ": " + error.message());
   if (std::int64_t(size) != bytes) {
-    return invalid_argument("checkpoint: " + path + " holds " + std::to_string(size) + " bytes; its manifest says " +
+    return invalid_argument("checkpoint " + path + " is " + std::to_string(size) + " bytes, the manifest says " +
                             std::to_string(bytes) + " (" + std::to_string(kStateSections) + " x " +
-                            std::to_string(elements) + " values)");
+                            std::to_string(elements) + " values): cut short or extended after it was written");
   }
   std::vector<double> state(std::size_t(kStateSections * elements));
   std::ifstream in(path, std::ios::binary);
@@ -123,9 +132,11 @@ Result<std::vector<double>> read_state(const std::string& path, std::int64_t ele
   return state;
 }
 
+std::string model_text(const ModelConfig& model) { return model_json(model).dump(); }
+
 Result<Done> write_manifest(const std::string& directory, const Manifest& m) {
   nlohmann::json j{{"format", "dew-worker-checkpoint"},
-                   {"version", 1},
+                   {"version", kManifestVersion},
                    {"step", m.step},
                    {"state", m.state},
                    {"elements", m.elements},
@@ -135,7 +146,10 @@ Result<Done> write_manifest(const std::string& directory, const Manifest& m) {
                    {"seed", m.seed},
                    {"learning_rate", m.learning_rate},
                    {"mesh", m.mesh},
-                   {"losses", m.losses}};
+                   {"losses", m.losses},
+                   {"state_bytes", m.state_bytes},
+                   {"state_blake2b", m.state_digest},
+                   {"binding_blake2b", m.binding}};
   const std::string path = directory + "/manifest.json";
   if (auto written = write_file_atomically(path, j.dump(2) + "\n"); !written.ok()) {
     return written.error().prefixed("checkpoint: ");
@@ -158,8 +172,20 @@ Result<Manifest> read_manifest(const std::string& directory) {
   text << in.rdbuf();
   try {
     const auto j = nlohmann::json::parse(text.str());
-    if (j.at("format") != "dew-worker-checkpoint" || j.at("version") != 1) {
-      return invalid_argument("checkpoint: " + path + " is not a version 1 dew worker manifest");
+    if (j.at("format") != "dew-worker-checkpoint") {
+      return invalid_argument("checkpoint: " + path + " is not a dew worker manifest");
+    }
+    // Version 1 recorded no digest: its state cannot be told from a changed
+    // one, and a silent unverified resume is what this refuses.
+    if (j.at("version") == 1 || !j.contains("state_blake2b")) {
+      return invalid_argument("--resume: checkpoint " + path + " records no digest of its state (a version " +
+                              j.at("version").dump() +
+                              " manifest, written before dew verified checkpoints), so it cannot be verified and "
+                              "is not resumed; allowed: a fresh start (without --resume, or another --checkpoint-dir)");
+    }
+    if (j.at("version") != kManifestVersion) {
+      return invalid_argument("checkpoint: " + path + " is a version " + j.at("version").dump() +
+                              " manifest; this dew reads version " + std::to_string(kManifestVersion));
     }
     // Whole numbers in range only: a float or a huge number is an error,
     // never a conversion out of range.
@@ -184,9 +210,14 @@ Result<Manifest> read_manifest(const std::string& directory) {
     m.learning_rate = j.at("learning_rate").get<double>();
     m.mesh = j.at("mesh").get<std::string>();
     m.losses = j.at("losses").get<std::vector<double>>();
-    if (m.step < 1 || m.elements < 1 || m.state.find("..") != std::string::npos || int(m.losses.size()) != m.step) {
+    m.state_bytes = whole(j.at("state_bytes"), "state_bytes");
+    m.state_digest = hex_digest(j.at("state_blake2b"), "state_blake2b");
+    m.binding = hex_digest(j.at("binding_blake2b"), "binding_blake2b");
+    if (m.step < 1 || m.elements < 1 || m.state.find("..") != std::string::npos || int(m.losses.size()) != m.step ||
+        m.state_bytes != kStateSections * m.elements * std::int64_t(sizeof(double))) {
       return invalid_argument("checkpoint: " + path + " is inconsistent (step " + std::to_string(m.step) + ", " +
-                              std::to_string(m.losses.size()) + " losses)");
+                              std::to_string(m.losses.size()) + " losses, " + std::to_string(m.elements) +
+                              " values per section in " + std::to_string(m.state_bytes) + " bytes)");
     }
     return m;
   } catch (const nlohmann::json::exception& e) {
@@ -201,8 +232,7 @@ Result<Done> check_resumable(const Manifest& m, const WorkerOptions& o) {
     return invalid_argument("--resume: the checkpoint at step " + std::to_string(m.step) + " was trained with " + what +
                             " " + saved + ", this run has " + now + "; allowed: the same " + what);
   };
-  const auto model = [](const ModelConfig& c) { return model_json(c).dump(); };
-  if (model(m.model) != model(o.model)) return differs("model", model(m.model), model(o.model));
+  if (model_text(m.model) != model_text(o.model)) return differs("model", model_text(m.model), model_text(o.model));
   if (m.dtype != dtype_name(o.dtype)) return differs("--dtype", m.dtype, dtype_name(o.dtype));
   if (m.batch != o.batch) return differs("--batch", std::to_string(m.batch), std::to_string(o.batch));
   if (m.seed != o.seed) return differs("--seed", std::to_string(m.seed), std::to_string(o.seed));

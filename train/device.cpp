@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <thread>
 
@@ -93,7 +94,8 @@ bool drill_here(const ProcessRun& run, Drill::Kind kind, int step) {
 }
 
 // Every device writes its shards (one device per data x sequence replica);
-// then process 0 writes the manifest once every process has written.
+// then process 0 seals the checkpoint once every process has written: the
+// digest, the finite check and the manifest (checkpoint.h).
 template <typename T>
 Result<Done> save_checkpoint(ProcessRun& run, const DevicePlace& p, const std::vector<std::vector<ParamSpec>>& buckets,
                              const std::vector<Leaf>& leaves, const std::vector<Shard<T>>& shards, int step, int local,
@@ -131,17 +133,18 @@ Result<Done> save_checkpoint(ProcessRun& run, const DevicePlace& p, const std::v
     // DEW_AGREEMENT_PATIENCE_SECONDS); uncaught, it fails the pool.
     if (saved.ok()) run.pool.agree("checkpoint at step " + std::to_string(step));
     if (saved.ok() && run.pool.rank() == 0) {
-      Manifest m{step,
-                 std::filesystem::relative(path, o.checkpoint_dir).string(),
-                 elements,
-                 dtype_name(o.dtype),
-                 o.model,
-                 o.batch,
-                 o.seed,
-                 o.learning_rate,
-                 o.mesh.empty() ? "data over every device" : o.mesh,
-                 losses};
-      saved = write_manifest(o.checkpoint_dir, m);
+      Manifest m;
+      m.step = step;
+      m.state = std::filesystem::relative(path, o.checkpoint_dir).string();
+      m.elements = elements;
+      m.dtype = dtype_name(o.dtype);
+      m.model = o.model;
+      m.batch = o.batch;
+      m.seed = o.seed;
+      m.learning_rate = o.learning_rate;
+      m.mesh = o.mesh.empty() ? "data over every device" : o.mesh;
+      m.losses = losses;
+      saved = seal_checkpoint(o.checkpoint_dir, m);
     }
   }
   run.devices.arrive_and_wait();
@@ -162,6 +165,44 @@ void capture_gradient(ProcessRun& run, const DevicePlace& p, const std::vector<s
       (*run.gradient)[std::size_t(r.canonical + k)] = double(grad[std::size_t(r.local - first + k)]);
     }
   }
+}
+
+// A loss that is not finite ends the run before anything of its state is
+// saved. Every device sees the same mean (all-reduced), so one must speak for
+// the pool: an all_gather of every device's part (on this path only) finds
+// the first process and device whose part is not finite, and that device
+// publishes the error at once; the others end as its peers when its word
+// comes (a peer's failure waits for it). All parts finite (their sum
+// overflowed): device 0 of process 0 speaks.
+Error non_finite_loss(ProcessRun& run, int local, int step, double part, double mean) {
+  auto& parts = run.loss_parts;
+  parts.devices[std::size_t(local)] = part;
+  run.devices.arrive_and_wait();
+  if (local == 0) {
+    const std::string mine(reinterpret_cast<const char*>(parts.devices.data()), parts.devices.size() * sizeof(double));
+    parts.processes = run.local_only ? std::vector<std::string>{mine} : run.pool.all_gather(mine);
+  }
+  run.devices.arrive_and_wait();
+  int rank = 0, device = 0;
+  bool found = false;
+  for (std::size_t r = 0; r < parts.processes.size() && !found; ++r) {
+    std::vector<double> theirs(parts.processes[r].size() / sizeof(double));
+    std::memcpy(theirs.data(), parts.processes[r].data(), theirs.size() * sizeof(double));
+    for (std::size_t d = 0; d < theirs.size() && !found; ++d) {
+      found = !std::isfinite(theirs[d]);
+      if (found) rank = int(r), device = int(d);
+    }
+  }
+  const std::string what = "step " + std::to_string(step) + ": the loss is " + value_text(mean);
+  if ((run.local_only ? 0 : run.pool.rank()) != rank || local != device) {
+    return peer_failed(what + "; process " + std::to_string(rank) + " reports it");
+  }
+  return invalid_argument(what +
+                          (found
+                               ? " (process " + std::to_string(rank) + ": this device's part of the global batch is " +
+                                     value_text(part) + ", the first part that is not finite)"
+                               : " (every device's part of the global batch is finite; their sum is not)") +
+                          "; the run ends here, and no checkpoint of this state is written");
 }
 
 StepRecord record_of(int step, double loss, Clock::time_point start, const StepSplit& split) {
@@ -259,6 +300,7 @@ Result<DeviceResult> train_typed(ProcessRun& run, int local) {
     auto mean = global_loss(pass.value().loss, comms.value(), split);
     if (!mean.ok()) return mean.error();
     run.watch.step_ends(local);
+    if (!std::isfinite(mean.value())) return non_finite_loss(run, local, step + 1, pass.value().loss, mean.value());
     StepRecord record = record_of(step + 1, mean.value(), start, split);
     losses.push_back(record.loss);
     if (run.progress && local == 0) run.progress(record);

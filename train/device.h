@@ -31,6 +31,13 @@ struct ProcessRun {
   std::vector<double> earlier_losses;                  // its losses
   std::function<void(const StepRecord&)> progress;     // process 0 only
   std::vector<double>* gradient = nullptr;             // capture_gradient: canonical, filled by the writers
+  bool local_only = false;                             // run_one_device's: no pool-wide steps
+  // A step whose loss is not finite (device.cpp, non_finite_loss): each
+  // device's part of it (one slot per device), then every process's.
+  struct LossParts {
+    std::vector<double> devices;
+    std::vector<std::string> processes;
+  } loss_parts;
 };
 
 struct DeviceResult {

@@ -24,11 +24,6 @@
 namespace dew::train {
 namespace {
 
-struct Resumed {
-  Manifest manifest;
-  std::vector<double> state;
-};
-
 // Who holds a checkpoint directory, for the pool that finds it taken.
 std::string holder_line(const runtime::Pool& pool) {
   char host[256] = {};
@@ -43,12 +38,12 @@ std::string holder_line(const runtime::Pool& pool) {
 // The checkpoint directory, shared by every process (checked before step 1)
 // and held by this pool alone (process 0 holds its lock for the run), and
 // the state to resume from.
-Result<std::optional<Resumed>> prepare_checkpoints(runtime::Pool& pool, const WorkerOptions& o,
-                                                   std::optional<DirectoryLock>& lock) {
+Result<std::optional<Checkpoint>> prepare_checkpoints(runtime::Pool& pool, const WorkerOptions& o,
+                                                      std::optional<DirectoryLock>& lock) {
   if (o.checkpoint_dir.empty()) {
     if (o.resume) return invalid_argument("--resume needs --checkpoint-dir, the directory to resume from");
     if (o.checkpoint_every > 0) return invalid_argument("--checkpoint-every needs --checkpoint-dir");
-    return std::optional<Resumed>();
+    return std::optional<Checkpoint>();
   }
   if (o.checkpoint_every < 0) {
     return invalid_argument("--checkpoint-every " + std::to_string(o.checkpoint_every) +
@@ -67,18 +62,20 @@ Result<std::optional<Resumed>> prepare_checkpoints(runtime::Pool& pool, const Wo
   } catch (const runtime::PoolError& e) {
     return Error{e.code(), std::string("--checkpoint-dir: ") + e.what()};
   }
-  if (!o.resume) return std::optional<Resumed>();
-  auto manifest = read_manifest(o.checkpoint_dir);
-  if (!manifest.ok()) return manifest.error();
-  if (auto fits = check_resumable(manifest.value(), o); !fits.ok()) return fits.error();
-  const auto elements = canonical_size(model_leaves(model_buckets(o.model)));
-  if (manifest.value().elements != elements) {
-    return invalid_argument("--resume: the checkpoint holds " + std::to_string(manifest.value().elements) +
-                            " values per section; this model has " + std::to_string(elements));
+  if (!o.resume) return std::optional<Checkpoint>();
+  // Every process verifies what it reads itself (no file can change between
+  // one process's check and another's read); the first that refuses speaks
+  // for the pool, once, with a refused resume's exit code 1, and the others
+  // end as its peers when its word comes.
+  auto loaded = load_checkpoint(o.checkpoint_dir, o);
+  const auto verdicts = pool.all_gather(loaded.ok() ? "" : loaded.error().message);
+  for (std::size_t r = 0; r < verdicts.size(); ++r) {
+    if (verdicts[r].empty()) continue;
+    if (int(r) == pool.rank()) pool.fail(verdicts[r], 1);
+    std::this_thread::sleep_for(timings::kPeerNoticeGrace);
+    return peer_failed("process " + std::to_string(r) + " refused the checkpoint: " + verdicts[r]);
   }
-  auto state = read_state(o.checkpoint_dir + "/" + manifest.value().state, elements);
-  if (!state.ok()) return state.error();
-  return std::optional<Resumed>(Resumed{std::move(manifest.value()), std::move(state.value())});
+  return std::optional<Checkpoint>(std::move(loaded.value()));
 }
 
 // The dataset, from the cache when every process's fingerprint agrees; one
@@ -128,7 +125,7 @@ std::vector<double> gathered_gradient(runtime::Pool& pool, const std::vector<dou
 Result<WorkerReport> train_process(runtime::Pool& pool, const mesh::Mesh& layout, const WorkerOptions& o,
                                    const std::function<void(const StepRecord&)>& progress, bool local_only) {
   WorkerReport report;
-  std::optional<Resumed> resumed;
+  std::optional<Checkpoint> resumed;
   std::optional<DirectoryLock> held;  // the checkpoint directory's, for the run
   if (!local_only) {
     auto prepared = prepare_checkpoints(pool, o, held);
@@ -143,7 +140,8 @@ Result<WorkerReport> train_process(runtime::Pool& pool, const mesh::Mesh& layout
   std::barrier<> sync(devices);
   const auto leaves = model_leaves(model_buckets(o.model));
   std::vector<double> gradient(o.capture_gradient ? std::size_t(canonical_size(leaves)) : 0);
-  ProcessRun run{pool, layout, o, data.dataset, watch, sync, first_device, 0, nullptr, {}, {}, nullptr};
+  ProcessRun run{pool, layout, o, data.dataset, watch, sync, first_device, 0, nullptr, {}, {}, nullptr, local_only, {}};
+  run.loss_parts.devices.assign(std::size_t(devices), 0.0);
   if (resumed) {
     run.start_step = resumed->manifest.step;
     run.resumed_state = &resumed->state;

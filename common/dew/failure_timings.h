@@ -22,6 +22,10 @@ inline constexpr std::chrono::milliseconds kHeartbeatTimeout = 10s;
 inline constexpr std::chrono::milliseconds kFailureGrace = 60s;
 // Peers that never come: a join gives up after this.
 inline constexpr std::chrono::milliseconds kJoinTimeout = 300s;
+// An agreement or gather still waiting after this, a join still incomplete,
+// is said in one line naming whom it waits for (again at twice, four times
+// ... this wait): a slow peer or link is seen long before any patience ends.
+inline constexpr std::chrono::milliseconds kSlowAfter = 30s;
 // A connection to process 0's service that does not prove the secret is
 // closed after this: strangers cannot hold its descriptors for ever.
 inline constexpr std::chrono::milliseconds kHandshakeTimeout = 10s;

@@ -86,6 +86,9 @@ struct JoinOptions {
   // (a Python script, dew worker's devices) sets a millisecond, to end as
   // soon as the failure is heard.
   std::optional<std::chrono::milliseconds> failure_grace_fallback;
+  // An agreement or gather waiting this long is said, naming whom it waits
+  // for. Default: DEW_SLOW_SECONDS, else 30 s.
+  std::optional<std::chrono::milliseconds> slow_after;
   // How long to wait for the coordinator and every peer to show up.
   // Default: DEW_JOIN_TIMEOUT_SECONDS, else 300 s.
   std::optional<std::chrono::milliseconds> join_timeout;
@@ -112,6 +115,7 @@ struct Settings {
   std::chrono::milliseconds failure_grace{timings::kFailureGrace};
   std::chrono::milliseconds join_timeout{timings::kJoinTimeout};
   std::chrono::milliseconds exit_bound{timings::kBeforeExitBound};
+  std::chrono::milliseconds slow_after{timings::kSlowAfter};
 };
 // Pure: options first, then the DEW_*_SECONDS variables, then the defaults.
 Result<Settings> resolve_settings(const Environment& env, const JoinOptions& options);

@@ -1,10 +1,12 @@
 // Any bytes as what a connection sends a real coordination service: one
 // service (a pool of two, this process hosting it) on a loopback port, and
 // each input on a fresh connection, first as a stranger (input byte 0 even)
-// or as process 1 after a real handshake (odd), then the rest of the input
-// as it comes. The service must answer the challenge, survive every input,
-// and close each connection once its client is done; ASan and UBSan watch
-// its thread the whole time.
+// or as process 1 after a real handshake (odd), then the rest of the input:
+// as it comes (bit 1 of byte 0 clear), or (set) each whole frame the input
+// starts with followed by its right tag, so the requests behind the tag
+// check are fuzzed too, and the bytes after them as they come. The service
+// must answer the challenge, survive every input, and close each connection
+// once its client is done; ASan and UBSan watch its thread the whole time.
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -17,6 +19,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "auth.h"
@@ -86,8 +89,9 @@ void send_all(int fd, std::string_view bytes) {
   }
 }
 
-// Process 1's half of the handshake; false if the service refused it.
-bool authenticate(int fd, dew::runtime::FrameReader& frames, const std::string& nonce) {
+// Process 1's half of the handshake; its key towards the service, or
+// nothing if the service refused it.
+std::optional<std::string> authenticate(int fd, dew::runtime::FrameReader& frames, const std::string& nonce) {
   const std::string client_nonce = dew::runtime::auth::random_nonce();
   send_all(fd, wire::encode(wire::Frame{wire::Type::kHello,
                                         {wire::encode_u64(1), wire::encode_u64(2), client_nonce,
@@ -95,7 +99,23 @@ bool authenticate(int fd, dew::runtime::FrameReader& frames, const std::string& 
   std::string error;
   auto welcome = frames.next(error);
   FUZZ_CHECK(welcome.has_value());
-  return welcome->type == wire::Type::kWelcome;
+  if (welcome->type != wire::Type::kWelcome) return std::nullopt;
+  return dew::runtime::auth::frame_keys(kSecret, nonce, client_nonce, 1).to_service;
+}
+
+// The input's leading whole frames, each with its tag; then the rest as is.
+std::string tagged(std::string_view input, const std::string& key) {
+  std::string out;
+  for (std::uint64_t sequence = 0;; ++sequence) {
+    const auto decoded = wire::decode_views(input, wire::kMaxFrameBytes);
+    if (decoded.status != wire::DecodeStatus::kFrame) break;
+    const std::string_view frame = input.substr(0, decoded.consumed);
+    const auto tag = dew::runtime::auth::frame_tag(key, sequence, frame);
+    out += frame;
+    out.append(reinterpret_cast<const char*>(tag.data()), tag.size());
+    input.remove_prefix(decoded.consumed);
+  }
+  return out += input;
 }
 
 }  // namespace
@@ -108,8 +128,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::string error;
   auto challenge = frames.next(error);
   FUZZ_CHECK(challenge.has_value() && challenge->type == wire::Type::kChallenge);
-  if ((data[0] & 1) != 0) authenticate(fd, frames, challenge->items[0]);
-  send_all(fd, std::string_view(reinterpret_cast<const char*>(data + 1), size - 1));
+  const std::string_view input(reinterpret_cast<const char*>(data + 1), size - 1);
+  std::optional<std::string> key;
+  if ((data[0] & 1) != 0) key = authenticate(fd, frames, challenge->items[0]);
+  send_all(fd, key && (data[0] & 2) != 0 ? tagged(input, *key) : std::string(input));
   // Done sending: the service must close the connection (at once, or after
   // a refusal's 100 ms), whatever it was sent.
   ::shutdown(fd, SHUT_WR);

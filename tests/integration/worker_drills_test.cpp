@@ -117,27 +117,6 @@ TEST(WorkerDrills, ASecondRunFindsTheCacheAndMixedFingerprintsRunWithout) {
 namespace dew::testing {
 namespace {
 
-// A small tmpfs of its own, unmounted whatever happens (root only: mount).
-class SmallDisk {
- public:
-  explicit SmallDisk(const std::string& size) {
-    char pattern[] = "/tmp/dew-small-disk-XXXXXX";
-    if (::mkdtemp(pattern) == nullptr) return;
-    dir_ = pattern;
-    mounted_ = run({"mount", "-t", "tmpfs", "-o", "size=" + size, "tmpfs", dir_}).exit_code == 0;
-  }
-  ~SmallDisk() {
-    if (mounted_) run({"umount", dir_});
-    if (!dir_.empty()) ::rmdir(dir_.c_str());
-  }
-  bool mounted() const { return mounted_; }
-  const std::string& dir() const { return dir_; }
-
- private:
-  std::string dir_;
-  bool mounted_ = false;
-};
-
 // Issue 26: process 0 out of disk while writing the manifest was pinned on
 // another rank (every failing device waited 2 s before publishing, the one
 // whose disk was full too, and the ranks whose collectives broke raced it).
@@ -158,6 +137,56 @@ TEST(WorkerDrills, ADiskFullOnProcess0IsPinnedOnProcess0EveryRun) {
     EXPECT_THAT(r.err, HasSubstr("[0] error: device 0: checkpoint: cannot write " + ck + "/manifest.json.tmp."));
     EXPECT_THAT(r.err, HasSubstr("No space left on device"));
     EXPECT_EQ(occurrences(r.err, "] error: "), 1) << "no other rank blames itself: " << r.err;
+  }
+}
+
+// The same on a rank other than 0: only rank 2's writes fail, for real. It
+// runs in a mount namespace of its own (unshare -m, private: nothing leaks
+// out, and the mount goes when rank 2 does) where a 64 KiB tmpfs covers the
+// step directory of the first checkpoint; the others write the real one
+// (fsdp=8: every device writes its shard; under data=2, rank 2's devices hold
+// a replica and write nothing). Its
+// device's write fails with "No space left on device": rank 2 is named, once.
+TEST(WorkerDrills, ADiskFullOnAnotherRankIsPinnedOnThatRankEveryRun) {
+  if (::geteuid() != 0 || run({"unshare", "--version"}).exit_code != 0) {
+    GTEST_SKIP() << "needs root and unshare (a mount namespace for one rank)";
+  }
+  TempDir dir;
+  for (int run_number = 0; run_number < 5; ++run_number) {
+    SCOPED_TRACE("run " + std::to_string(run_number));
+    const std::string ck = dir / ("ck" + std::to_string(run_number));
+    std::filesystem::create_directories(ck + "/step-000005");
+    auto r = dew_launch({"--processes-per-host",
+                         "4",
+                         "--",
+                         "sh",
+                         "-c",
+                         kRank2DiskFull,
+                         "sh",
+                         ck + "/step-000005",
+                         dew_exe(),
+                         "worker",
+                         "--steps",
+                         "10",
+                         "--devices-per-process",
+                         "2",
+                         "--mesh",
+                         "fsdp=8",
+                         "--checkpoint-dir",
+                         ck,
+                         "--checkpoint-every",
+                         "5",
+                         "--cache-dir",
+                         "off"},
+                        {}, std::chrono::seconds(120));
+    EXPECT_EQ(r.exit_code, 1) << describe(r);
+    EXPECT_THAT(r.err, HasSubstr("dew launch: rank 2 on localhost ended with exit code 1")) << describe(r);
+    EXPECT_THAT(r.err, ::testing::ContainsRegex("\\[2\\] error: device [45]: checkpoint: cannot write " + ck +
+                                                "/step-000005/state.bin"))
+        << describe(r);
+    EXPECT_THAT(r.err, HasSubstr("No space left on device"));
+    EXPECT_EQ(occurrences(r.err, "] error: "), 1) << "no other rank blames itself: " << r.err;
+    EXPECT_FALSE(std::filesystem::exists(ck + "/manifest.json")) << "no checkpoint of step 5 was completed";
   }
 }
 

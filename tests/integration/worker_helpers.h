@@ -1,9 +1,13 @@
 // What the `dew worker` integration tests share: the worker's report
-// (--out), its losses and fsdp groups, and how far two runs' losses are apart.
+// (--out), its losses and fsdp groups, how far two runs' losses are apart,
+// and a checkpoint's file changed by hand and its digest as b2sum prints it.
 #pragma once
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -39,6 +43,23 @@ inline double loss_gap(const std::vector<double>& a, const std::vector<double>& 
   return gap;
 }
 
+// Inverts `count` bytes of the file at `offset` in place.
+inline void flip_bytes(const std::string& path, std::streamoff offset, int count) {
+  std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+  std::string bytes(std::size_t(count), '\0');
+  file.seekg(offset);
+  file.read(bytes.data(), count);
+  for (char& c : bytes) c = char(~c);
+  file.seekp(offset);
+  file.write(bytes.data(), count);
+}
+
+// BLAKE2b-256 of the file as `b2sum -l 256` prints it, or "" without b2sum.
+inline std::string b2sum(const std::string& path) {
+  const auto r = run({"b2sum", "-l", "256", path});
+  return r.exit_code == 0 ? r.out.substr(0, 64) : "";
+}
+
 // `dew worker ARGS` under `dew launch --processes-per-host P`, without the
 // shared dataset cache.
 inline RunResult launch_worker(int processes, std::vector<std::string> worker_args,
@@ -52,6 +73,35 @@ inline RunResult launch_worker(int processes, std::vector<std::string> worker_ar
   args.insert(args.end(), worker_args.begin(), worker_args.end());
   return dew_launch(args, env, timeout);
 }
+
+// A small tmpfs of its own, unmounted whatever happens (root only: mount).
+class SmallDisk {
+ public:
+  explicit SmallDisk(const std::string& size) {
+    char pattern[] = "/tmp/dew-small-disk-XXXXXX";
+    if (::mkdtemp(pattern) == nullptr) return;
+    dir_ = pattern;
+    mounted_ = run({"mount", "-t", "tmpfs", "-o", "size=" + size, "tmpfs", dir_}).exit_code == 0;
+  }
+  ~SmallDisk() {
+    if (mounted_) run({"umount", dir_});
+    if (!dir_.empty()) ::rmdir(dir_.c_str());
+  }
+  bool mounted() const { return mounted_; }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string dir_;
+  bool mounted_ = false;
+};
+
+// The script that runs the rest of its arguments, rank 2 (DEW_PROCESS_ID,
+// set by dew launch and the plugin alike) in a mount namespace of its own
+// with a 64 KiB tmpfs over the directory its first argument names: a disk
+// full for that rank only (root only: unshare -m, mount).
+inline const std::string kRank2DiskFull =
+    R"(dir=$1; shift; if [ "$DEW_PROCESS_ID" = 2 ]; then )"
+    R"(exec unshare -m sh -c 'mount -t tmpfs -o size=64k tmpfs "$0" && exec "$@"' "$dir" "$@"; fi; exec "$@")";
 
 // The worker alone: one process with `devices` CPU devices.
 inline RunResult alone_worker(int devices, std::vector<std::string> worker_args) {

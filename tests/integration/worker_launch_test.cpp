@@ -1,7 +1,8 @@
 // `dew worker` as the design page rehearses it, as real pools under
 // `dew launch` on localhost: the fsdp groups of hybrid sharding, every layout
 // against one process of 8 devices, checkpoints and resuming (into another
-// layout too, and after a kill mid-save), and the failure drills.
+// layout too, and after a kill mid-save), a changed state or a non-finite
+// loss or state refused, and the failure drills.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -194,6 +195,83 @@ TEST(WorkerCheckpoints, TheCrashWhileSavingDrillFiresOnARankThatWritesNoShard) {
   EXPECT_EQ(killed.exit_code, 137) << describe(killed);
   EXPECT_THAT(killed.err, HasSubstr("rank 1 on localhost ended with signal 9 (SIGKILL)"));
   EXPECT_THAT(read_text(dir / "ck/manifest.json"), HasSubstr("\"step\": 5,"));
+}
+
+// Issue 26: 64 flipped bytes in the state resumed with exit 0 and losses off
+// by up to 1.2e3. The digest refuses it, once, naming the file and both
+// digests; an untouched copy of the same checkpoint resumes bit for bit.
+TEST(WorkerCheckpoints, AChangedStateIsRefusedInOneLineAndAnUntouchedOneResumesBitForBit) {
+  TempDir dir;
+  const auto hybrid = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"--devices-per-process", "2", "--mesh", "fsdp=2,replicas=2"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+  ASSERT_EQ(launch_worker(4, hybrid({"--out", dir / "straight.json"})).exit_code, 0);
+  auto first = launch_worker(4, hybrid({"--steps", "10", "--checkpoint-dir", dir / "ck", "--checkpoint-every", "5"}));
+  ASSERT_EQ(first.exit_code, 0) << describe(first);
+  std::filesystem::copy(dir / "ck", dir / "untouched", std::filesystem::copy_options::recursive);
+  const std::string state = dir / "ck/step-000010/state.bin";
+  const std::string written = nlohmann::json::parse(read_text(dir / "ck/manifest.json")).at("state_blake2b");
+  EXPECT_EQ(b2sum(state), written) << "the manifest's digest is b2sum -l 256's";
+  flip_bytes(state, 4096, 64);
+  auto refused = launch_worker(4, hybrid({"--checkpoint-dir", dir / "ck", "--resume"}));
+  EXPECT_EQ(refused.exit_code, 1) << describe(refused);
+  EXPECT_THAT(refused.err,
+              HasSubstr("[0] error: --resume: checkpoint " + state + ": digest " + written + " expected, found " +
+                        b2sum(state) + " (BLAKE2b-256: the file was changed or replaced after it was written)\n"));
+  EXPECT_EQ(occurrences(refused.err, "] error: "), 1) << refused.err;
+  EXPECT_EQ(occurrences(refused.err, "step 11/"), 0) << "nothing trained";
+
+  auto resumed =
+      launch_worker(4, hybrid({"--checkpoint-dir", dir / "untouched", "--resume", "--out", dir / "resumed.json"}));
+  ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
+  const auto again = read_report(dir / "resumed.json");
+  EXPECT_EQ(again.json.value("resumed_from", 0), 10);
+  EXPECT_EQ(again.losses, read_report(dir / "straight.json").losses) << "bit for bit";
+}
+
+// Issue 26: a loss gone NaN trained on to the end with exit 0. A learning
+// rate of 1e300 overflows fp32's parameters at step 1: step 2's loss is NaN.
+TEST(WorkerCheckpoints, ANonFiniteLossEndsTheRunInOneLineAndNoCheckpointOfItIsWritten) {
+  TempDir dir;
+  auto r = launch_worker(4, {"--devices-per-process", "2", "--mesh", "fsdp=4", "--steps", "10", "--learning-rate",
+                             "1e300", "--checkpoint-dir", dir / "ck", "--checkpoint-every", "5"});
+  EXPECT_EQ(r.exit_code, 1) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("[0] error: device 0: step 2: the loss is nan (process 0: this device's part of the "
+                               "global batch is nan, the first part that is not finite); the run ends here, and no "
+                               "checkpoint of this state is written\n"));
+  EXPECT_EQ(occurrences(r.err, "] error: "), 1) << r.err;
+  EXPECT_EQ(occurrences(r.err, "step 2/10"), 0) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(dir / "ck/manifest.json"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "ck/step-000005"));
+}
+
+// The state after step 1's update is infinite (fp32): its save is refused
+// naming the element, nothing of it is kept, and an earlier run's checkpoint
+// in the directory stays as it was.
+TEST(WorkerCheckpoints, ANonFiniteStateIsNotSavedAndTheLastCheckpointStays) {
+  TempDir dir;
+  const std::vector<std::string> layout = {"--devices-per-process", "2",       "--mesh", "fsdp=4",
+                                           "--checkpoint-dir",      dir / "ck"};
+  const auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = layout;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+  ASSERT_EQ(launch_worker(4, with({"--steps", "5", "--checkpoint-every", "5"})).exit_code, 0);
+  const std::string manifest = read_text(dir / "ck/manifest.json");
+  auto r = launch_worker(4, with({"--steps", "10", "--learning-rate", "1e300", "--checkpoint-every", "1"}));
+  EXPECT_EQ(r.exit_code, 1) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("[0] error: device 0: step 1: checkpoint " + dir / "ck/step-000001/state.bin" +
+                               " not saved: its parameters element 0 (embedding, its element 0) is inf; a checkpoint "
+                               "holds finite values only, so the step's directory is removed and " +
+                               dir / "ck/manifest.json still names the last checkpoint\n"));
+  EXPECT_EQ(occurrences(r.err, "] error: "), 1) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(dir / "ck/step-000001"));
+  EXPECT_EQ(read_text(dir / "ck/manifest.json"), manifest);
+  auto resumed = launch_worker(4, with({"--resume"}));
+  EXPECT_EQ(resumed.exit_code, 0) << describe(resumed);
 }
 
 TEST(WorkerCheckpoints, PrivateDirectoriesKeepTheirOwnHomeAndShareTheCheckpointDirectory) {

@@ -118,6 +118,50 @@ TEST(WorkerSlurm, ALoaderThatThrowsEndsTheStepNamingItsRank) {
   EXPECT_EQ(occurrences(r.err, "] error: "), 1) << "no peer blames its broken collective: " << describe(r);
 }
 
+// Issue 26's culprit under srun --dew-pool: a disk full on process 0 (a
+// small tmpfs for the checkpoints; the test nodes share this host's /tmp),
+// then on rank 2 alone (its own mount namespace over the step directory, as
+// under dew launch). The plugin names the rank whose write failed, with its
+// line, every run; no peer blames its broken collective.
+TEST(WorkerSlurm, ADiskFullIsPinnedOnTheRankWhoseWriteFailed) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root (mount, unshare -m)";
+  SmallDisk disk("404k");
+  ASSERT_TRUE(disk.mounted());
+  TempDir dir;
+  for (int run_number = 0; run_number < 3; ++run_number) {
+    SCOPED_TRACE("run " + std::to_string(run_number));
+    const std::string zero_ck = disk.dir() + "/ck" + std::to_string(run_number);
+    auto zero = cluster().srun(
+        srun_args(kDewPool, worker_args(dir / "z.json", {"--mesh", "fsdp=4", "--steps", "10", "--checkpoint-dir",
+                                                         zero_ck, "--checkpoint-every", "5"})),
+        {}, 60s);
+    std::filesystem::remove_all(zero_ck);
+    EXPECT_NE(zero.exit_code, 0) << describe(zero);
+    EXPECT_EQ(occurrences(zero.err, "dew: rank 0 ended with exit code 1"), 1) << describe(zero);
+    EXPECT_EQ(occurrences(zero.err, "dew: rank "), 1) << "only rank 0 is named: " << describe(zero);
+    EXPECT_THAT(zero.err, HasSubstr("[0] error: device 0: checkpoint: cannot write " + zero_ck + "/manifest.json.tmp."))
+        << describe(zero);
+    EXPECT_THAT(zero.err, HasSubstr("No space left on device"));
+    EXPECT_EQ(occurrences(zero.err, "] error: "), 1) << describe(zero);
+
+    const std::string ck = dir / ("ck" + std::to_string(run_number));
+    std::filesystem::create_directories(ck + "/step-000005");
+    std::vector<std::string> wrapped = {"sh", "-c", kRank2DiskFull, "sh", ck + "/step-000005"};
+    const auto worker = worker_args(
+        dir / "two.json", {"--mesh", "fsdp=8", "--steps", "10", "--checkpoint-dir", ck, "--checkpoint-every", "5"});
+    wrapped.insert(wrapped.end(), worker.begin(), worker.end());
+    auto two = cluster().srun(srun_args(kDewPool, wrapped), {}, 60s);
+    EXPECT_NE(two.exit_code, 0) << describe(two);
+    EXPECT_EQ(occurrences(two.err, "dew: rank 2 ended with exit code 1"), 1) << describe(two);
+    EXPECT_EQ(occurrences(two.err, "dew: rank "), 1) << "only rank 2 is named: " << describe(two);
+    EXPECT_THAT(two.err, ::testing::ContainsRegex("\\[2\\] error: device [45]: checkpoint: cannot write " + ck +
+                                                  "/step-000005/state.bin"))
+        << describe(two);
+    EXPECT_THAT(two.err, HasSubstr("No space left on device"));
+    EXPECT_EQ(occurrences(two.err, "] error: "), 1) << describe(two);
+  }
+}
+
 TEST(WorkerSlurm, AStalledRankIsNamedByTheWatchdogAndByThePatience) {
   TempDir dir;
   auto in_step = cluster().srun(

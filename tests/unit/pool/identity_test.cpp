@@ -217,6 +217,12 @@ TEST(Settings, OptionsThenVariablesThenDefaults) {
   EXPECT_EQ(defaults.value().agreement_patience, std::chrono::hours(24));
   EXPECT_EQ(defaults.value().heartbeat_timeout, std::chrono::seconds(10));
   EXPECT_EQ(defaults.value().failure_grace, std::chrono::seconds(60));
+  EXPECT_EQ(defaults.value().slow_after, std::chrono::seconds(30));
+  EXPECT_EQ(dew::runtime::resolve_settings({{"DEW_SLOW_SECONDS", "0.5"}}, JoinOptions{}).value().slow_after,
+            std::chrono::milliseconds(500));
+  EXPECT_THAT(
+      dew::testing::invalid_argument_of(dew::runtime::resolve_settings({{"DEW_SLOW_SECONDS", "never"}}, JoinOptions{})),
+      HasSubstr("DEW_SLOW_SECONDS='never'"));
 
   auto from_env = dew::runtime::resolve_settings(
       {{"DEW_AGREEMENT_PATIENCE_SECONDS", "2.5"}, {"DEW_HEARTBEAT_TIMEOUT_SECONDS", "1"}}, JoinOptions{});

@@ -29,9 +29,11 @@ inline const std::string kSecret = "5f0c3a0e8d2b4f6a9c1e7d3b5a8f2c4e6b9d1a3c5e7f
 // A pool of `size` pool_workers started the way srun --dew-pool and dew
 // launch start them: DEW_* variables only.
 struct LocalPool {
+  // `service_port`: where process 0 listens (default: a free port).
   LocalPool(int size, const std::vector<std::string>& args, std::map<std::string, std::string> extra = {},
-            std::map<int, std::map<std::string, std::string>> per_rank = {})
-      : port(free_loopback_port()) {
+            std::map<int, std::map<std::string, std::string>> per_rank = {},
+            std::optional<std::uint16_t> service_port = std::nullopt)
+      : port(service_port.value_or(free_loopback_port())) {
     for (int rank = 0; rank < size; ++rank) {
       auto env = extra;
       env["DEW_PROCESS_ID"] = std::to_string(rank);

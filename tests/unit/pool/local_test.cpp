@@ -22,6 +22,7 @@ using dew::testing::LocalPool;
 using dew::testing::RawClient;
 using dew::testing::Spawned;
 using dew::testing::worker;
+using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using namespace std::chrono_literals;
@@ -107,6 +108,31 @@ TEST(LocalPool, AFrozenRankIsFoundByHeartbeats) {
   EXPECT_LT(noticed, 3.0);
   EXPECT_THAT(pool.ranks[1]->err(), HasSubstr("process 2 stopped answering: no heartbeat for 1 s"));
   pool.ranks[2]->signal(SIGKILL);
+}
+
+// A rank paused for less than the heartbeat timeout: its heartbeats arrive
+// late but arrive. Process 0 names it as slow, and the agreement held up by
+// it says whom it waits for once it has waited DEW_SLOW_SECONDS; the pool
+// then goes on. The paused rank does not blame the service for its own pause.
+TEST(LocalPool, ASlowRankIsNamedAndTheAgreementItHoldsUpSaysWhomItWaitsFor) {
+  LocalPool pool(3, {"steps"}, {{"DEW_HEARTBEAT_TIMEOUT_SECONDS", "4"}, {"DEW_SLOW_SECONDS", "1"}});
+  ASSERT_TRUE(pool.ranks[0]->wait_for_output("READY", 20s)) << pool.describe();
+  pool.ranks[2]->signal(SIGSTOP);
+  std::this_thread::sleep_for(3s);
+  pool.ranks[2]->signal(SIGCONT);
+  std::this_thread::sleep_for(1s);
+  for (auto& rank : pool.ranks) rank->signal(SIGTERM);
+  pool.wait_all(10s);
+  const std::string zero = pool.ranks[0]->err();
+  EXPECT_THAT(zero, ContainsRegex("\\[0\\] coordination service: agreement 'step' \\(round [0-9]+\\) has waited "
+                                  "[0-9.]+ s for process 2 \\(2 of 3 processes arrived\\)"))
+      << pool.describe();
+  EXPECT_THAT(zero, ContainsRegex("\\[0\\] coordination service: process 2 is slow: nothing heard from it for "
+                                  "[2-4]\\.[0-9] s \\(heartbeats are due every 1.0 s; it is counted as failed after "
+                                  "4.0 s of silence\\)"))
+      << pool.describe();
+  EXPECT_THAT(pool.all_output(), Not(HasSubstr("stopped answering"))) << pool.describe();
+  EXPECT_THAT(pool.ranks[2]->err(), Not(HasSubstr("the coordination service on process 0 is slow"))) << pool.describe();
 }
 
 TEST(LocalPool, AStalledRankIsNamedWhenTheAgreementRunsOutOfPatience) {

@@ -14,6 +14,8 @@
 //   pool_worker race ROUNDS         rank 0 puts a key every 0.3-1.2 ms; the
 //                                   others poll each with 1 ms gets and retry
 //   pool_worker gather BYTES ROUNDS every rank all_gathers BYTES bytes, ROUNDS times
+//   pool_worker rounds BYTES ROUNDS rounds of agree + a BYTES-byte all_gather;
+//                                   process 0 prints each round's milliseconds
 //   pool_worker join                join and leave (benchmarks)
 //   pool_worker start               exit before joining (the benchmarks' baseline)
 #include <signal.h>
@@ -149,6 +151,30 @@ int gather(Pool& pool, std::size_t bytes, int rounds) {
   return 0;
 }
 
+// The service's round trip at scale: an agreement then a small all_gather,
+// ROUNDS times after one uncounted round; process 0 prints every round's
+// time (bench/pool --case round reads them) and its memory.
+int rounds(Pool& pool, std::size_t bytes, int count) {
+  const std::string part(bytes, static_cast<char>('a' + pool.rank() % 26));
+  std::string times;
+  for (int round = -1; round < count; ++round) {
+    const auto start = std::chrono::steady_clock::now();
+    pool.agree("round");
+    const auto parts = pool.all_gather(part);
+    const auto took = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    if (parts.size() != static_cast<std::size_t>(pool.size()) || parts.back().size() != bytes) {
+      line("ROUNDS wrong gather in round " + std::to_string(round));
+      return 1;
+    }
+    if (round >= 0) times += (times.empty() ? "" : ",") + std::to_string(took);
+  }
+  if (pool.rank() == 0) {
+    line("ROUNDS ms=" + times);
+    line("MEMORY idle_kb=0 peak_kb=" + std::to_string(status_kb("VmHWM")));
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -176,6 +202,7 @@ int main(int argc, char** argv) {
   if (scenario == "exchange") return exchange(pool);
   if (scenario == "join") return 0;
   if (scenario == "race") return race(pool, arg(2));
+  if (scenario == "rounds") return rounds(pool, static_cast<std::size_t>(std::stoll(argv[2])), arg(3));
   if (scenario == "gather") return gather(pool, static_cast<std::size_t>(std::stoll(argv[2])), arg(3));
   if (scenario == "throw") {
     steps(pool, arg(2), [&] {

@@ -3,7 +3,9 @@
 // descriptors running out, payloads over the frame limit.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
+#include <atomic>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -95,6 +97,82 @@ TEST(CoordinationService, LargeGathersArriveWholeInRankOrder) {
   EXPECT_EQ(pool.wait_all(60s), std::vector<int>({0, 0, 0, 0})) << pool.describe();
   for (const auto& rank : pool.ranks)
     EXPECT_THAT(rank->out(), HasSubstr("GATHER ok: 3 rounds of 4 parts of 3145728 bytes"));
+}
+
+// A line of /proc/PID/status in MiB ("VmRSS").
+double status_mib(int pid, const std::string& name) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind(name + ":", 0) == 0) return std::stod(line.substr(name.size() + 1)) / 1024;
+  }
+  return -1;
+}
+
+// 10,000 connections that never authenticate (before the cap: 660 MB in
+// process 0, kept after they closed, and a real join 9.5 s late).
+TEST(CoordinationService, AFloodOfStrangersIsCappedInCountAndMemoryAndARealJoinStillJoinsWithinASecond) {
+  rlimit files{};
+  getrlimit(RLIMIT_NOFILE, &files);
+  files.rlim_cur = std::min<rlim_t>(files.rlim_max, 12000);
+  setrlimit(RLIMIT_NOFILE, &files);
+  const int flood = static_cast<int>(std::min<rlim_t>(10000, files.rlim_cur - 200));
+  ASSERT_GE(flood, 2000) << "this test needs at least 2,200 file descriptors (ulimit -n)";
+
+  const auto port = dew::testing::free_loopback_port();
+  auto env_of = [&](int rank) {
+    return std::map<std::string, std::string>{{"DEW_PROCESS_ID", std::to_string(rank)},
+                                              {"DEW_PROCESS_COUNT", "2"},
+                                              {"DEW_COORDINATOR_ADDRESS", "127.0.0.1:" + std::to_string(port)},
+                                              {"DEW_POOL_SECRET", dew::testing::kSecret}};
+  };
+  dew::testing::Spawned zero({"sh", "-c", "ulimit -n 20000 2>/dev/null; exec \"$0\" hold 1", dew::testing::worker()},
+                             env_of(0));
+  std::unique_ptr<dew::testing::RawClient> probe;
+  for (int i = 0; i < 200 && !(probe && probe->connected()); ++i) {
+    std::this_thread::sleep_for(25ms);
+    probe = std::make_unique<dew::testing::RawClient>(port);
+  }
+  ASSERT_TRUE(probe->connected()) << zero.err();
+  probe.reset();
+  std::this_thread::sleep_for(200ms);
+  const double idle = status_mib(zero.pid(), "VmRSS");
+
+  // The join starts halfway through the flood, which goes on meanwhile.
+  std::vector<std::unique_ptr<dew::testing::RawClient>> strangers;
+  std::atomic<int> opened{0};
+  std::thread flooding([&] {
+    for (int i = 0; i < flood; ++i) {
+      strangers.push_back(std::make_unique<dew::testing::RawClient>(port));
+      ++opened;
+    }
+  });
+  while (opened < flood / 2) std::this_thread::sleep_for(1ms);
+  const auto start = std::chrono::steady_clock::now();
+  dew::testing::Spawned one({dew::testing::worker(), "hold", "1"}, env_of(1));
+  const bool ready = zero.wait_for_output("READY", 30s);
+  const double joined_in = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  flooding.join();
+  const double flooded = status_mib(zero.pid(), "VmRSS");
+  ASSERT_TRUE(ready) << zero.err() << one.err();
+  EXPECT_LT(joined_in, 1.0) << "process 1 joined " << joined_in << " s after it started, beside " << flood
+                            << " idle connections\n"
+                            << zero.err();
+
+  strangers.clear();
+  std::this_thread::sleep_for(500ms);
+  const double after = status_mib(zero.pid(), "VmRSS");
+  std::printf("process 0: %.1f MiB idle, %.1f beside %d strangers, %.1f after; process 1 joined in %.3f s\n", idle,
+              flooded, flood, after, joined_in);
+  EXPECT_LT(flooded - idle, 64) << "process 0: " << idle << " MiB idle, " << flooded << " MiB beside " << flood
+                                << " strangers";
+  EXPECT_LT(after - idle, 16) << "process 0: " << idle << " MiB idle, " << after << " MiB after the flood";
+  EXPECT_EQ(zero.wait(30s), 0) << zero.err();
+  EXPECT_EQ(one.wait(30s), 0) << one.err();
+  EXPECT_THAT(one.out(), HasSubstr("gather=rank 0|rank 1"));
+  const std::string log = zero.err();
+  EXPECT_THAT(log, ::testing::ContainsRegex("to make room|to come back"));
+  EXPECT_LE(dew::testing::occurrences(log, "coordination service: "), 20) << log;
 }
 
 }  // namespace

@@ -78,4 +78,44 @@ TEST(Auth, MacsBindTheSecretTheNonceAndTheIdentity) {
   EXPECT_FALSE(auth::same_mac(mac, mac.substr(1)));
 }
 
+// The service tags a gather's reply from its head and the digest of the
+// shared parts it computed once; the client tags the whole frame it read.
+// Both must agree, and any change of key, sequence number or byte must not.
+TEST(FrameTags, AHeadAndTailDigestTagEqualsTheWholeFramesAndChangesWithEveryInput) {
+  const auto keys = auth::frame_keys("secret", std::string(32, 'n'), std::string(32, 'c'), 1);
+  EXPECT_EQ(keys.to_service.size(), auth::kKeyBytes);
+  EXPECT_NE(keys.to_service, keys.to_client);
+  EXPECT_NE(auth::frame_keys("secret", std::string(32, 'n'), std::string(32, 'd'), 1).to_service, keys.to_service);
+  EXPECT_NE(auth::frame_keys("secret", std::string(32, 'n'), std::string(32, 'c'), 2).to_service, keys.to_service);
+  EXPECT_NE(auth::frame_keys("secreT", std::string(32, 'n'), std::string(32, 'c'), 1).to_service, keys.to_service);
+
+  const std::vector<std::string> parts = {"first part", std::string(70000, 'x'), ""};
+  std::string tail = wire::encode_items(parts);
+  const std::string head = wire::encode_head(wire::Type::kGathered, {wire::encode_u64(9)}, tail.size());
+  const std::string frame = head + tail;
+  EXPECT_EQ(wire::head_bytes(frame), head.size());
+  auth::TailDigest digest;
+  digest.add(tail.substr(0, 5));
+  digest.add(tail.substr(5));
+  const auto tag = auth::frame_tag(keys.to_client, 3, head, digest.finish());
+  EXPECT_EQ(tag, auth::frame_tag(keys.to_client, 3, frame));
+  EXPECT_NE(tag, auth::frame_tag(keys.to_client, 4, frame));
+  EXPECT_NE(tag, auth::frame_tag(keys.to_service, 3, frame));
+  for (std::size_t at : {std::size_t{0}, std::size_t{4}, head.size() - 1, head.size() + 7, frame.size() - 1}) {
+    std::string changed = frame;
+    changed[at] = static_cast<char>(changed[at] ^ 1);
+    EXPECT_NE(tag, auth::frame_tag(keys.to_client, 3, changed)) << "byte " << at;
+  }
+  EXPECT_TRUE(auth::same_tag(tag, std::string(reinterpret_cast<const char*>(tag.data()), tag.size())));
+  EXPECT_FALSE(auth::same_tag(tag, ""));
+}
+
+TEST(FrameTags, AFramesHeadIsItsFirstItemOrItsTypeByte) {
+  EXPECT_EQ(wire::head_bytes(wire::encode({wire::Type::kHeartbeat, {}})), wire::kHeaderBytes + 1);
+  EXPECT_EQ(wire::head_bytes(wire::encode({wire::Type::kPut, {"key", "value"}})), wire::kHeaderBytes + 1 + 4 + 3);
+  // Never past the bytes given, whatever they claim.
+  EXPECT_EQ(wire::head_bytes(std::string("\0\0\0\x09\x05\xff\xff\xff\xff", 9)), 9U);
+  EXPECT_EQ(wire::head_bytes("ab"), 2U);
+}
+
 }  // namespace
