@@ -148,8 +148,8 @@ struct RelayedPool {
   explicit RelayedPool(const Relay::Change& change, const std::vector<std::string>& scenario = {"exchange"})
       : port(dew::testing::free_loopback_port()), relay(port, change), pool(make_pool(scenario)) {}
   LocalPool make_pool(const std::vector<std::string>& scenario) {
-    return LocalPool(2, scenario, {},
-                     {{1, {{"DEW_COORDINATOR_ADDRESS", "127.0.0.1:" + std::to_string(relay.port())}}}}, port);
+    return LocalPool(2, scenario, {}, {{1, {{"DEW_COORDINATOR_ADDRESS", "127.0.0.1:" + std::to_string(relay.port())}}}},
+                     port);
   }
   std::uint16_t port;
   Relay relay;
@@ -222,7 +222,8 @@ TEST(FrameTags, ARelayThatReplacesOrDropsAFrameIsFound) {
   });
   const auto codes = relayed.pool.wait_all(30s);
   EXPECT_NE(codes[0], 0) << relayed.pool.describe();
-  EXPECT_THAT(relayed.pool.all_output(), ContainsRegex("its agree frame [0-9]+ failed its integrity check")) << relayed.pool.describe();
+  EXPECT_THAT(relayed.pool.all_output(), ContainsRegex("its agree frame [0-9]+ failed its integrity check"))
+      << relayed.pool.describe();
 }
 
 // The relay itself changes nothing: the pool works through it (the test's

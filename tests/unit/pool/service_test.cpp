@@ -99,6 +99,18 @@ TEST(CoordinationService, LargeGathersArriveWholeInRankOrder) {
     EXPECT_THAT(rank->out(), HasSubstr("GATHER ok: 3 rounds of 4 parts of 3145728 bytes"));
 }
 
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAddressSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kAddressSanitizer = true;
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+
 // A line of /proc/PID/status in MiB ("VmRSS").
 double status_mib(int pid, const std::string& name) {
   std::ifstream status("/proc/" + std::to_string(pid) + "/status");
@@ -166,7 +178,10 @@ TEST(CoordinationService, AFloodOfStrangersIsCappedInCountAndMemoryAndARealJoinS
               flooded, flood, after, joined_in);
   EXPECT_LT(flooded - idle, 64) << "process 0: " << idle << " MiB idle, " << flooded << " MiB beside " << flood
                                 << " strangers";
-  EXPECT_LT(after - idle, 16) << "process 0: " << idle << " MiB idle, " << after << " MiB after the flood";
+  // AddressSanitizer's allocator keeps freed memory in quarantine (256 MiB
+  // by default), out of malloc_trim's reach: there only the cap is checked.
+  EXPECT_LT(after - idle, kAddressSanitizer ? 64 : 16)
+      << "process 0: " << idle << " MiB idle, " << after << " MiB after the flood";
   EXPECT_EQ(zero.wait(30s), 0) << zero.err();
   EXPECT_EQ(one.wait(30s), 0) << one.err();
   EXPECT_THAT(one.out(), HasSubstr("gather=rank 0|rank 1"));

@@ -79,9 +79,12 @@ TEST(SlowLink, AnAgreementHeldUpByA1KbitLinkIsSaidNamingTheProcessBehindIt) {
   const std::string coordinator = link.first_address() + ":" + std::to_string(dew::testing::free_loopback_port());
   auto env_of = [&](int rank) {
     return std::map<std::string, std::string>{
-        {"DEW_PROCESS_ID", std::to_string(rank)},  {"DEW_PROCESS_COUNT", "2"},
-        {"DEW_COORDINATOR_ADDRESS", coordinator},  {"DEW_POOL_SECRET", dew::testing::kSecret},
-        {"DEW_SLOW_SECONDS", "0.5"},               {"DEW_JOIN_TIMEOUT_SECONDS", "60"},
+        {"DEW_PROCESS_ID", std::to_string(rank)},
+        {"DEW_PROCESS_COUNT", "2"},
+        {"DEW_COORDINATOR_ADDRESS", coordinator},
+        {"DEW_POOL_SECRET", dew::testing::kSecret},
+        {"DEW_SLOW_SECONDS", "0.5"},
+        {"DEW_JOIN_TIMEOUT_SECONDS", "60"},
         {"DEW_HEARTBEAT_TIMEOUT_SECONDS", "60"},
     };
   };
@@ -89,9 +92,10 @@ TEST(SlowLink, AnAgreementHeldUpByA1KbitLinkIsSaidNamingTheProcessBehindIt) {
   Spawned one(link.in_second({dew::testing::worker(), "hold", "5"}), env_of(1));
   const bool said = zero.wait_for_output("for process 1 (1 of 2 processes arrived)", 60s);
   EXPECT_TRUE(said) << zero.err() << one.err();
-  EXPECT_THAT(zero.err(), ContainsRegex("\\[0\\] coordination service: (agreement '[a-z.]+'( \\(round [0-9]+\\))?|all_gather round "
-                                        "[0-9]+) has "
-                                        "waited [0-9]+\\.[0-9] s for process 1 \\(1 of 2 processes arrived\\)"))
+  EXPECT_THAT(zero.err(),
+              ContainsRegex("\\[0\\] coordination service: (agreement '[a-z.]+'( \\(round [0-9]+\\))?|all_gather round "
+                            "[0-9]+) has "
+                            "waited [0-9]+\\.[0-9] s for process 1 \\(1 of 2 processes arrived\\)"))
       << zero.err();
   zero.signal(SIGKILL);
   one.signal(SIGKILL);
