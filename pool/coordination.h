@@ -69,8 +69,9 @@ struct ClientConfig {
   // the start of the join); join_timeout is for the messages.
   std::chrono::steady_clock::time_point join_deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
   std::chrono::milliseconds join_timeout{300000};
-  // Called once, on the client's reader or heartbeat thread, when another
-  // process's failure is pushed or the service is lost.
+  // Called once, when another process's failure is pushed or the service is
+  // lost: on the thread that read it (the client's reader thread, or a caller
+  // waiting for its reply) or the heartbeat thread.
   std::function<void(const PeerFailure&)> on_failure;
   // Without a secret: the secret from the credential in the service's
   // challenge (a pool under MUNGE), or an error saying why not.

@@ -2,6 +2,7 @@
 // sends requests and waits on a condition variable; a reader thread decodes
 // replies and pushed failures; a heartbeat thread keeps the service (and
 // itself) sure the other side is alive.
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -66,7 +67,14 @@ struct CoordinationClient::Impl {
   Clock::time_point last_tick = Clock::now();  // the heartbeat thread's last wake
   Clock::time_point paused_at{};               // when it last found it woke late
 
-  std::string leftover;  // bytes read with the handshake's last frame
+  // The frames from the service, read by whichever thread holds read_mutex:
+  // a caller waiting for its reply, else the reader thread.
+  std::mutex read_mutex;
+  std::unique_ptr<FrameReader> frames;
+  int callers_waiting = 0;              // under `mutex`
+  std::condition_variable reader_wait;  // the reader thread's own
+  static constexpr std::chrono::milliseconds kReaderLook{200};
+  static constexpr std::chrono::milliseconds kCallerLook{250};
   std::thread reader;
   std::thread heartbeat;
   std::string signal_frames[8];
@@ -117,62 +125,98 @@ struct CoordinationClient::Impl {
     if (config.on_failure) config.on_failure(failed);
   }
 
-  void read_loop() {
-    FrameReader frames(fd, std::size_t{1} << 34, std::move(leftover), keys.to_client);
-    frames.on_bytes([this] { heard_bytes(); });
-    for (;;) {
-      std::string error;
-      auto frame = frames.next(error);
-      if (!frame && frames.altered()) {
-        // Said to the pool as this process's own failure, so every process
-        // prints the same line naming the altered connection.
-        const std::string rank = std::to_string(config.rank);
-        const std::string message = "the connection of process " + rank +
-                                    " to the coordination service was altered on the way: " + error +
-                                    " (a relay or a faulty network between process " + rank + " and process 0)";
-        write_frame(
-            wire::Frame{wire::Type::kFail, {wire::encode_u64(static_cast<std::uint64_t>(config.rank)), message}});
-        record_failure(PeerFailure{config.rank, message});
-      }
-      if (!frame) {
-        {
-          std::lock_guard lock(mutex);
-          service_closed = true;
-          changed.notify_all();
-        }
-        record_failure(PeerFailure{0, "lost the coordination service on process 0 (" + error + ")"});
-        return;
-      }
+  // Reads one frame and acts on it (a reply, a pushed failure, a
+  // heartbeat); false once the stream ended. The caller holds read_mutex.
+  bool read_one() {
+    std::string error;
+    auto frame = frames->next(error);
+    if (!frame && frames->altered()) {
+      // Said to the pool as this process's own failure, so every process
+      // prints the same line naming the altered connection.
+      const std::string rank = std::to_string(config.rank);
+      const std::string message = "the connection of process " + rank +
+                                  " to the coordination service was altered on the way: " + error +
+                                  " (a relay or a faulty network between process " + rank + " and process 0)";
+      write_frame(wire::Frame{wire::Type::kFail, {wire::encode_u64(static_cast<std::uint64_t>(config.rank)), message}});
+      record_failure(PeerFailure{config.rank, message});
+    }
+    if (!frame) {
+      // The failure first: a caller that sees the stream closed returns it.
+      record_failure(PeerFailure{0, "lost the coordination service on process 0 (" + error + ")"});
       {
         std::lock_guard lock(mutex);
-        last_heard = Clock::now();
+        service_closed = true;
       }
-      switch (frame->type) {
-        case wire::Type::kHeartbeat:
-          break;
-        case wire::Type::kFailure: {
-          // Also one that names this process: another published it (this
-          // one was late to an agreement). A process that published its own
-          // failure is already ending and ignores the echo.
-          const auto rank = wire::decode_u64(frame->items[0]).value_or(0);
-          record_failure(PeerFailure{static_cast<int>(rank), frame->items[1]});
-          break;
+      changed.notify_all();
+      return false;
+    }
+    {
+      std::lock_guard lock(mutex);
+      last_heard = Clock::now();
+    }
+    switch (frame->type) {
+      case wire::Type::kFailure: {
+        // Also one that names this process: another published it (this
+        // one was late to an agreement). A process that published its own
+        // failure is already ending and ignores the echo.
+        const auto rank = wire::decode_u64(frame->items[0]).value_or(0);
+        record_failure(PeerFailure{static_cast<int>(rank), frame->items[1]});
+        break;
+      }
+      case wire::Type::kValue:
+      case wire::Type::kNotFound:
+      case wire::Type::kAgreed:
+      case wire::Type::kAgreeTimeout:
+      case wire::Type::kGathered: {
+        const auto id = wire::decode_u64(frame->items[0]).value_or(0);
+        {
+          std::lock_guard lock(mutex);
+          replies[id] = std::move(*frame);
         }
-        case wire::Type::kValue:
-        case wire::Type::kNotFound:
-        case wire::Type::kAgreed:
-        case wire::Type::kAgreeTimeout:
-        case wire::Type::kGathered: {
-          const auto id = wire::decode_u64(frame->items[0]).value_or(0);
-          {
-            std::lock_guard lock(mutex);
-            replies[id] = std::move(*frame);
-          }
-          changed.notify_all();  // unlocked: the waiter does not wake into a held mutex
-          break;
+        break;
+      }
+      default:
+        break;  // heartbeats; nothing else is sent to a client
+    }
+    changed.notify_all();  // unlocked: a waiter does not wake into a held mutex
+    return true;
+  }
+
+  // Waits up to `timeout` for a frame to read (one already buffered counts).
+  // The caller holds read_mutex.
+  bool readable(std::chrono::milliseconds timeout) {
+    if (frames->buffered()) return true;
+    pollfd ready{fd, POLLIN, 0};
+    const int polled = ::poll(&ready, 1, static_cast<int>(timeout.count()));
+    return polled > 0 || (polled < 0 && errno != EINTR);
+  }
+
+  // The reader thread reads whatever the service pushes while no caller is
+  // waiting for a reply. A caller that is waiting reads for itself (the
+  // reply wakes it alone, not this thread and then it: half the wake-ups of
+  // a round trip), and this thread stays out of its way, looking again every
+  // kReaderLook. Between requests it is in poll(), so a pushed failure is
+  // read at once.
+  void read_loop() {
+    for (;;) {
+      {
+        std::unique_lock lock(mutex);
+        if (leaving || service_closed) return;
+        if (callers_waiting > 0) {
+          reader_wait.wait_for(lock, kReaderLook, [&] { return leaving || service_closed; });
+          continue;
         }
-        default:
-          break;  // nothing else is sent to a client
+      }
+      std::unique_lock reading(read_mutex, std::try_to_lock);
+      if (!reading.owns_lock()) {
+        std::unique_lock lock(mutex);
+        reader_wait.wait_for(lock, kReaderLook, [&] { return leaving || service_closed; });
+        continue;
+      }
+      while (readable(kReaderLook)) {
+        if (!read_one()) return;
+        std::lock_guard lock(mutex);
+        if (callers_waiting > 0 || leaving) break;
       }
     }
   }
@@ -221,29 +265,50 @@ struct CoordinationClient::Impl {
     }
   }
 
-  // Sends a request and waits for its reply; an Error once the pool failed,
-  // or when `answer_by` passes first.
+  // Sends a request and waits for its reply, reading it itself when no
+  // other thread is reading; an Error once the pool failed, or when
+  // `answer_by` passes first.
   Result<wire::Frame> request(wire::Type type, std::vector<std::string_view> items,
                               std::optional<Clock::time_point> answer_by = std::nullopt) {
     std::uint64_t id = 0;
     {
       std::lock_guard lock(mutex);
       id = next_request++;
+      ++callers_waiting;
     }
     const std::string id_item = wire::encode_u64(id);
     items.insert(items.begin(), id_item);
     write_bytes(wire::encode(type, items));
     std::unique_lock lock(mutex);
-    const auto answered = [&] { return replies.count(id) || failure; };
-    if (!answer_by) {
-      changed.wait(lock, answered);
-    } else if (!changed.wait_until(lock, *answer_by, answered)) {
-      return timeout_error("the coordination service at " + host_port(config.host, std::to_string(config.port)) +
-                           " did not answer a " + std::string(wire::type_name(type)) + " request in time");
+    const auto answered = [&] { return replies.count(id) || failure || service_closed; };
+    while (!answered()) {
+      const auto now = Clock::now();
+      if (answer_by && now >= *answer_by) {
+        --callers_waiting;
+        return timeout_error("the coordination service at " + host_port(config.host, std::to_string(config.port)) +
+                             " did not answer a " + std::string(wire::type_name(type)) + " request in time");
+      }
+      // A look at most every kCallerLook: the heartbeat thread may have
+      // found the service silent, and `answer_by` may pass.
+      auto look = kCallerLook;
+      if (answer_by) look = std::min(look, std::chrono::ceil<std::chrono::milliseconds>(*answer_by - now));
+      lock.unlock();
+      {
+        std::unique_lock reading(read_mutex, std::try_to_lock);
+        if (reading.owns_lock()) {
+          if (readable(look)) read_one();
+          lock.lock();
+          continue;
+        }
+      }
+      lock.lock();
+      // Another thread reads (the reader thread, or another caller): its
+      // frame may be this reply; read_one() notifies.
+      changed.wait_for(lock, std::chrono::milliseconds(5), answered);
     }
-    if (failure) {
-      return peer_failed(failure->message);
-    }
+    --callers_waiting;
+    if (failure) return peer_failed(failure->message);
+    if (!replies.count(id)) return peer_failed("lost the coordination service on process 0");
     auto reply = std::move(replies[id]);
     replies.erase(id);
     return reply;
@@ -260,8 +325,11 @@ Result<std::unique_ptr<CoordinationClient>> CoordinationClient::connect(ClientCo
   if (!connection.ok()) return connection.error();
   impl->socket = std::move(connection.value().socket);
   impl->fd = impl->socket.native_handle();
-  impl->leftover = std::move(connection.value().leftover);
   impl->keys = std::move(connection.value().keys);
+  impl->frames = std::make_unique<FrameReader>(impl->fd, std::size_t{1} << 34, std::move(connection.value().leftover),
+                                               impl->keys.to_client);
+  Impl* heard = impl.get();
+  impl->frames->on_bytes([heard] { heard->heard_bytes(); });
 
   Impl* raw = impl.get();
   impl->last_heard = Clock::now();
@@ -276,6 +344,7 @@ CoordinationClient::~CoordinationClient() {
     impl_->leaving = true;
     impl_->changed.notify_all();
     impl_->stopping.notify_all();
+    impl_->reader_wait.notify_all();
   }
   ::shutdown(impl_->fd, SHUT_RDWR);
   if (impl_->reader.joinable()) impl_->reader.join();
@@ -352,6 +421,7 @@ void CoordinationClient::leave() {
     impl_->leaving = true;
     impl_->changed.notify_all();
     impl_->stopping.notify_all();
+    impl_->reader_wait.notify_all();
   }
   impl_->write_frame(wire::Frame{wire::Type::kBye, {}});
   ::shutdown(impl_->fd, SHUT_RDWR);

@@ -52,6 +52,10 @@ std::optional<wire::Frame> FrameReader::next(std::string& error) {
   }
 }
 
+bool FrameReader::buffered() const {
+  return wire::decode_views(buffer_, limit_).status != wire::DecodeStatus::kNeedMore;
+}
+
 bool FrameReader::take_tag(std::string_view head, const auth::Digest& tail, wire::Type type, std::string& error) {
   if (!fill(auth::kTagBytes, error)) return false;
   const auto expected = auth::frame_tag(key_, sequence_++, head, tail);

@@ -26,6 +26,9 @@ class FrameReader {
   // Called whenever bytes arrive, so a reply that takes long to arrive
   // (a large gather on a slow link) still counts as hearing from the service.
   void on_bytes(std::function<void()> heard) { heard_ = std::move(heard); }
+  // Whether a whole frame (or bytes that can never be one) is already
+  // buffered: next() then returns without reading.
+  bool buffered() const;
   // Whether the last error was a frame that failed its tag.
   bool altered() const { return altered_; }
 
