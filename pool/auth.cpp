@@ -105,6 +105,12 @@ Tag frame_tag(std::string_view key, std::uint64_t sequence, std::string_view fra
   return frame_tag(key, sequence, frame.substr(0, head), tail.finish());
 }
 
+std::string altered_connection(int rank, const std::string& what) {
+  const std::string process = "process " + std::to_string(rank);
+  return "the connection of " + process + " to the coordination service was altered on the way: " + what +
+         " (a relay or a faulty network between " + process + " and process 0)";
+}
+
 bool same_tag(const Tag& tag, std::string_view received) noexcept {
   return received.size() == tag.size() && sodium_memcmp(tag.data(), received.data(), tag.size()) == 0;
 }

@@ -64,5 +64,10 @@ Tag frame_tag(std::string_view key, std::uint64_t sequence, std::string_view hea
 // The tag of a whole frame (its head is found in it: wire::head_bytes).
 Tag frame_tag(std::string_view key, std::uint64_t sequence, std::string_view frame) noexcept;
 bool same_tag(const Tag& tag, std::string_view received) noexcept;
+// The one line a failed tag ends the pool with, whichever side found it:
+// "the connection of process R to the coordination service was altered on
+// the way: <what> (a relay or a faulty network between process R and
+// process 0)", `what` naming the frame ("its put frame 2 failed ...").
+std::string altered_connection(int rank, const std::string& what);
 
 }  // namespace dew::runtime::auth

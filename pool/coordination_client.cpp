@@ -133,10 +133,7 @@ struct CoordinationClient::Impl {
     if (!frame && frames->altered()) {
       // Said to the pool as this process's own failure, so every process
       // prints the same line naming the altered connection.
-      const std::string rank = std::to_string(config.rank);
-      const std::string message = "the connection of process " + rank +
-                                  " to the coordination service was altered on the way: " + error +
-                                  " (a relay or a faulty network between process " + rank + " and process 0)";
+      const std::string message = auth::altered_connection(config.rank, error);
       write_frame(wire::Frame{wire::Type::kFail, {wire::encode_u64(static_cast<std::uint64_t>(config.rank)), message}});
       record_failure(PeerFailure{config.rank, message});
     }
@@ -149,10 +146,6 @@ struct CoordinationClient::Impl {
       }
       changed.notify_all();
       return false;
-    }
-    {
-      std::lock_guard lock(mutex);
-      last_heard = Clock::now();
     }
     switch (frame->type) {
       case wire::Type::kFailure: {

@@ -261,13 +261,12 @@ bool CoordinationService::Impl::tag_holds(const SessionPtr& session, std::size_t
   const std::string_view frame = std::string_view(session->in).substr(0, bytes);
   const auto expected = auth::frame_tag(session->keys.to_service, session->received_frames++, frame);
   if (auth::same_tag(expected, std::string_view(session->in).substr(bytes, auth::kTagBytes))) return true;
-  const std::string rank = std::to_string(session->rank);
-  publish(PeerFailure{
-      session->rank, "the connection of process " + rank + " to the coordination service was altered on the way: its " +
-                         std::string(wire::type_name(type)) + " frame " + std::to_string(session->received_frames - 1) +
-                         " failed its integrity check (a relay or a faulty network between process " + rank +
-                         " and process 0)"});
-  close(session, "closed the connection of process " + rank + ": a frame failed its integrity check");
+  publish(PeerFailure{session->rank,
+                      auth::altered_connection(session->rank, "its " + std::string(wire::type_name(type)) + " frame " +
+                                                                  std::to_string(session->received_frames - 1) +
+                                                                  " failed its integrity check")});
+  close(session,
+        "closed the connection of process " + std::to_string(session->rank) + ": a frame failed its integrity check");
   return false;
 }
 

@@ -156,14 +156,19 @@ struct RelayedPool {
   LocalPool pool;
 };
 
-TEST(FrameTags, ARelayThatRewritesAPutValueIsFoundAndThePoolEndsNamingTheConnection) {
-  RelayedPool relayed([](Direction direction, wire::Type type, std::string& frame) {
-    if (direction == Direction::kToService && type == wire::Type::kPut) flip_last_byte(frame);
-  });
+// The relay changed one frame, and neither process exited 0.
+void expect_one_change_ended_the_pool(RelayedPool& relayed) {
   const auto codes = relayed.pool.wait_all(30s);
   EXPECT_EQ(relayed.relay.changed(), 1);
   EXPECT_NE(codes[0], 0) << relayed.pool.describe();
   EXPECT_NE(codes[1], 0) << relayed.pool.describe();
+}
+
+TEST(FrameTags, ARelayThatRewritesAPutValueIsFoundAndThePoolEndsNamingTheConnection) {
+  RelayedPool relayed([](Direction direction, wire::Type type, std::string& frame) {
+    if (direction == Direction::kToService && type == wire::Type::kPut) flip_last_byte(frame);
+  });
+  expect_one_change_ended_the_pool(relayed);
   // The frame's number in its direction: the join's own frames come first.
   const auto said = ContainsRegex(
       "ending: process 1 failed: the connection of process 1 to the coordination service was altered on the way: "
@@ -178,10 +183,7 @@ TEST(FrameTags, ARelayThatRewritesAValueOnItsWayToTheClientIsFoundByTheClient) {
   RelayedPool relayed([](Direction direction, wire::Type type, std::string& frame) {
     if (direction == Direction::kToClient && type == wire::Type::kValue) flip_last_byte(frame);
   });
-  const auto codes = relayed.pool.wait_all(30s);
-  EXPECT_EQ(relayed.relay.changed(), 1);
-  EXPECT_NE(codes[0], 0) << relayed.pool.describe();
-  EXPECT_NE(codes[1], 0) << relayed.pool.describe();
+  expect_one_change_ended_the_pool(relayed);
   EXPECT_THAT(relayed.pool.ranks[1]->err(),
               HasSubstr("the connection of process 1 to the coordination service was altered on the way: its value "
                         "frame "))
