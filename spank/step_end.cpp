@@ -3,17 +3,43 @@
 #include <csignal>
 
 extern "C" {
+#include <slurm/slurm.h>
+#include <slurm/slurm_version.h>
 #include <slurm/spank.h>
-
-// Provided by slurmstepd (and srun) at run time; weak so the plugin loads
-// anywhere and checks for it before use. Not linking libslurm keeps the
-// plugin independent of which libslurm a site installs.
-int slurm_kill_job_step(uint32_t job_id, uint32_t step_id, uint16_t signal) __attribute__((weak));
 }
+
+// Provided by slurmstepd (and srun) at run time, declared by Slurm's own
+// header; weak, so the plugin loads anywhere and checks for it before use.
+// Not linking libslurm keeps the plugin independent of which libslurm a site
+// installs.
+#pragma weak slurm_kill_job_step
 
 #include "pool_plan.h"
 
 namespace dew::spank {
+namespace {
+
+// slurm_kill_job_step as the Slurm this plugin is built against declares it:
+// 23.11 added `flags` (0: signal the step's tasks, as before), 25.11 takes
+// the step's id as a struct. Calling 22.05's form through a newer header
+// would not compile, and a hand-written declaration would compile against
+// any of them and pass the wrong arguments inside slurmstepd.
+int kill_job_step(std::uint32_t job, std::uint32_t step, int signal) {
+  const auto signal16 = static_cast<std::uint16_t>(signal);
+#if SLURM_VERSION_NUMBER >= SLURM_VERSION_NUM(25, 11, 0)
+  slurm_step_id_t id{};  // sluid 0: unknown, the ids below name the step
+  id.job_id = job;
+  id.step_id = step;
+  id.step_het_comp = NO_VAL;
+  return slurm_kill_job_step(&id, signal16, 0);
+#elif SLURM_VERSION_NUMBER >= SLURM_VERSION_NUM(23, 11, 0)
+  return slurm_kill_job_step(job, step, signal16, 0);
+#else
+  return slurm_kill_job_step(job, step, signal16);
+#endif
+}
+
+}  // namespace
 
 StepEnder::~StepEnder() { stop(); }
 
@@ -90,12 +116,12 @@ void StepEnder::send(const Pending& pending) {
                 pending.step);
     return;
   }
-  if (slurm_kill_job_step(pending.job, pending.step, static_cast<std::uint16_t>(pending.signal)) != 0) {
+  if (kill_job_step(pending.job, pending.step, pending.signal) != 0) {
     slurm_info("dew: signal %d to step %u.%u not delivered (ended already?)", pending.signal, pending.job,
                pending.step);
     return;
   }
-  if (pending.signal == kStepEndSignal) slurm_kill_job_step(pending.job, pending.step, SIGCONT);
+  if (pending.signal == kStepEndSignal) kill_job_step(pending.job, pending.step, SIGCONT);
 }
 
 }  // namespace dew::spank

@@ -25,6 +25,7 @@ namespace {
 // pugixml parses without recursion; this walk recurses, so bound it. Real
 // files nest cpu > pci > pci > pci > gpu > nvlink: under 10.
 constexpr int kMaxDepth = 64;
+constexpr std::string_view kNvidiaVendor = "0x10de";
 
 std::string lowercase(std::string text) {
   for (char& ch : text) ch = char(std::tolower(static_cast<unsigned char>(ch)));
@@ -106,11 +107,12 @@ struct Reader {
     const std::string pci_class = node.attribute("class").value();
     pugi::xml_node gpu = node.child("gpu");
     // A GPU: a <gpu> child (NCCL's own dumps), or a display controller
-    // (class 0x03xxxx) of NVIDIA's (vendor 0x10de) without one, as cloud
-    // images' topology files write them.
-    const bool nvidia_display =
-        pci_class.rfind("0x03", 0) == 0 && lowercase(node.attribute("vendor").value()) == "0x10de";
-    if (gpu || nvidia_display) return add_gpu(node, gpu, *bus_id, context);
+    // (class 0x03xxxx) without one, as cloud images' topology files write
+    // them (often with only a class: no vendor). NCCL reads every 0x03xxxx
+    // as a GPU; only a vendor attribute naming another vendor says it is not.
+    const std::string vendor = lowercase(node.attribute("vendor").value());
+    const bool display_gpu = pci_class.rfind("0x03", 0) == 0 && (vendor.empty() || vendor == kNvidiaVendor);
+    if (gpu || display_gpu) return add_gpu(node, gpu, *bus_id, context);
     if (pci_class.rfind("0x0604", 0) == 0) {  // a PCIe switch
       Context below = context;
       below.switches.push_back(*bus_id);

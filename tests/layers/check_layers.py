@@ -7,8 +7,14 @@ own libpmix.so.2 needs it).
 
     check_layers.py SOURCE_ROOT [POOL_ONLY_PROGRAM]
 
+Also: the plugin (spank/) declares no Slurm function itself. Each comes
+from Slurm's own header, so a signature that changed between versions
+(slurm_kill_job_step: 22.05, 23.11, 25.11) fails to compile instead of
+being called wrongly inside slurmstepd.
+
 Prints one line per include that runs up or sideways, naming the file, the
-header and both layers; exits 1 if there is any.
+header and both layers (and per hand-written Slurm declaration); exits 1 if
+there is any.
 """
 import pathlib
 import re
@@ -51,6 +57,22 @@ def check_includes(root):
     return problems
 
 
+# A declaration (not a call): a return type before slurm_/spank_NAME(.
+SLURM_DECLARATION = re.compile(r"^\s*(?:extern\s+)?(?:int|void|char\s*\*|uint\d+_t)\s+((?:slurm|spank)_\w+)\s*\(",
+                               re.MULTILINE)
+
+
+def check_slurm_declarations(root):
+    problems = []
+    for path in sorted((root / "spank").glob("*.[ch]*")):
+        for name in SLURM_DECLARATION.findall(path.read_text(errors="replace")):
+            if name.startswith("slurm_spank_"):
+                continue  # the plugin's own entry points, which Slurm calls
+            problems.append(f"{path.relative_to(root)}: declares Slurm's {name} by hand; include its header "
+                            f"(slurm/slurm.h, slurm/spank.h) instead")
+    return problems
+
+
 def check_pool_only(program):
     dynamic = subprocess.run(["readelf", "-d", program], capture_output=True, text=True, check=True).stdout
     needed = re.findall(r"\(NEEDED\).*\[(.+)\]", dynamic)
@@ -62,7 +84,7 @@ def check_pool_only(program):
 
 def main():
     root = pathlib.Path(sys.argv[1])
-    problems = check_includes(root)
+    problems = check_includes(root) + check_slurm_declarations(root)
     if len(sys.argv) > 2:
         problems += check_pool_only(sys.argv[2])
     for line in problems:

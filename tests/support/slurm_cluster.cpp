@@ -55,16 +55,31 @@ void add_slurm_cluster_environment() { ::testing::AddGlobalTestEnvironment(new C
 std::string SlurmCluster::source_root() { return required_env("DEW_SOURCE_ROOT"); }
 
 void SlurmCluster::start() {
-  plugin_ = required_env("DEW_SPANK_PLUGIN");
+  // Another Slurm (scripts/test --slurm 24.11): its root, and the plugin
+  // built against its headers (meson's test environment names this tree's).
+  if (const char* root = std::getenv("DEW_SLURM_ROOT"); root != nullptr && *root != '\0') {
+    slurm_root_ = root;
+    plugin_ = required_env("DEW_SLURM_ROOT_PLUGIN");
+  } else {
+    plugin_ = required_env("DEW_SPANK_PLUGIN");
+  }
   // Short: the munge socket path must fit in a sockaddr_un.
   char pattern[] = "/tmp/dew-slurm-XXXXXX";
   if (mkdtemp(pattern) == nullptr) throw std::runtime_error("mkdtemp failed");
   dir_ = pattern;
-  auto started = run({source_root() + "/scripts/slurm-testbed", "start", dir_, "--plugin", plugin_}, client_env(),
-                     std::chrono::seconds(90));
+  std::vector<std::string> argv{source_root() + "/scripts/slurm-testbed", "start", dir_, "--plugin", plugin_};
+  if (!slurm_root_.empty()) argv.insert(argv.end(), {"--slurm-root", slurm_root_});
+  auto started = run(argv, client_env(), std::chrono::seconds(90));
   std::cerr << started.out << started.err;
   if (started.exit_code != 0) {
     GTEST_FAIL() << "scripts/slurm-testbed start failed (exit " << started.exit_code << ")";
+  }
+  // Another Slurm's commands (srun, sbatch, ...) are its wrappers in DIR/bin:
+  // first on this program's PATH, which every command it starts looks up
+  // and inherits (dew launch --slurm's srun, a job script's srun).
+  if (!slurm_root_.empty()) {
+    const char* path = std::getenv("PATH");
+    setenv("PATH", (dir_ + "/bin:" + (path != nullptr ? path : "/usr/bin:/bin")).c_str(), 1);
   }
 }
 

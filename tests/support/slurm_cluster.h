@@ -20,6 +20,9 @@ class SlurmCluster {
   const std::string& dir() const { return dir_; }
   std::string conf() const { return dir_ + "/slurm.conf"; }
   const std::string& plugin() const { return plugin_; }
+  // The root of the Slurm the cluster runs (DEW_SLURM_ROOT: scripts/test
+  // --slurm 24.11), or "" for this machine's.
+  const std::string& slurm_root() const { return slurm_root_; }
   static std::string source_root();
 
   // Environment for every client command: this cluster's SLURM_CONF, and no
@@ -42,6 +45,7 @@ class SlurmCluster {
  private:
   std::string dir_;
   std::string plugin_;
+  std::string slurm_root_;
 };
 
 SlurmCluster& cluster();

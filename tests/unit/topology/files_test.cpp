@@ -59,7 +59,7 @@ void expect_consistent(const Topology& t) {
 
 TEST(TopologyFixtures, EveryFixtureLoadsConsistently) {
   const std::vector<std::string> names = fixture_files();
-  ASSERT_EQ(names.size(), 19u) << "fixtures missing from " << fixture_dir();
+  ASSERT_EQ(names.size(), 20u) << "fixtures missing from " << fixture_dir();
   for (const std::string& name : names) {
     SCOPED_TRACE(name);
     auto topology = load_topology_file(fixture(name));
@@ -262,6 +262,37 @@ TEST(NcclXml, CloudFilesWithoutGpuElementsFindEveryGpu) {
   EXPECT_EQ(t.gpus[0].numa_node, std::nullopt);
   EXPECT_THAT(t.notes, Contains(HasSubstr("no NVLink data in the file")));
   EXPECT_THAT(t.notes, Not(Contains(HasSubstr("no NVIDIA GPU"))));
+}
+
+// The files cloud images ship for NCCL_TOPO_FILE give a GPU only its class
+// (no vendor, no <gpu> child); NCCL reads any 0x03xxxx as a GPU, and so must
+// Dew. The NICs (0x0207xx) are not GPUs; each NUMA node keeps its pair.
+TEST(NcclXml, ClassOnlyDisplayControllersAreGpus) {
+  const Topology t = load("cloud-8gpu-4numa-classonly.nccl-topo.xml");
+  ASSERT_EQ(t.size(), 8u);
+  expect_consistent(t);
+  EXPECT_EQ(t.numa_nodes, 4);
+  for (std::size_t i = 0; i < 8; ++i) EXPECT_EQ(t.gpus[i].numa_node, int(i / 2)) << i;
+  EXPECT_EQ(t.gpus[0].pci_bus_id, "0001:00:00.0");
+  EXPECT_EQ(cell(t, 0, 1), "PIX");
+  EXPECT_EQ(cell(t, 0, 2), "SYS");
+  EXPECT_THAT(t.notes, Contains(HasSubstr("no NVLink data in the file")));
+}
+
+// Only a vendor attribute naming another vendor keeps a display controller
+// out: the same element with NVIDIA's vendor, with none, or with another's.
+TEST(NcclXml, ADisplayControllerOfAnotherVendorIsNotAGpu) {
+  auto count = [](const std::string& vendor) {
+    const std::string xml =
+        "<system version=\"1\"><cpu numaid=\"0\" affinity=\"ff\">"
+        "<pci busid=\"0000:01:00.0\" class=\"0x030000\"" +
+        vendor + "/></cpu></system>";
+    auto loaded = parse_topology_text(xml, "inline.xml");
+    return loaded.ok() ? loaded.value().size() : std::size_t(99);
+  };
+  EXPECT_EQ(count(""), 1u);
+  EXPECT_EQ(count(" vendor=\"0x10DE\""), 1u);
+  EXPECT_EQ(count(" vendor=\"0x1414\""), 0u) << "Microsoft's Hyper-V video device";
 }
 
 TEST(NcclXml, EveryDroppedNvlinkGetsANote) {
