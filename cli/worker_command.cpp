@@ -26,6 +26,7 @@ struct WorkerArgs {
   std::string watchdog;   // empty: DEW_WATCHDOG, else 30m
   std::string cache_dir;  // empty: train::default_cache_dir(); "off": none
   std::string drill;
+  std::string resume;  // "" (not given), "always" (--resume alone) or "auto"
 };
 
 // --dtype, --watchdog, --cache-dir and --drill into the options.
@@ -39,6 +40,13 @@ Result<Done> resolve(WorkerArgs& a) {
   a.options.step_bound.reset();
   if (watchdog.value()) a.options.step_bound = *watchdog.value();
   a.options.cache_dir = a.cache_dir == "off" ? "" : a.cache_dir.empty() ? train::default_cache_dir() : a.cache_dir;
+  if (a.resume == "always" || a.resume == "auto") {
+    a.options.resume = a.resume == "always" ? train::Resume::kAlways : train::Resume::kIfAny;
+  } else if (!a.resume.empty()) {
+    return not_allowed("--resume", a.resume,
+                       "--resume alone (a complete checkpoint must be there) or --resume auto (the last complete "
+                       "checkpoint if there is one, else step 1: a requeued job's next start)");
+  }
   if (!a.drill.empty()) {
     auto drill = train::parse_drill(a.drill);
     if (!drill.ok()) return drill.error();
@@ -125,8 +133,12 @@ void add_worker_command(CLI::App& app) {
                       "Save checkpoints into DIR, a directory every process shares (checked before step 1)");
   command->add_option("--checkpoint-every", o.checkpoint_every,
                       "Save every N steps and after the last (with --checkpoint-dir; default 0: never)");
-  command->add_flag("--resume", o.resume,
-                    "Continue from the last complete checkpoint in --checkpoint-dir (any layout of the same model)");
+  command
+      ->add_option("--resume", a->resume,
+                   "Continue from the last complete checkpoint in --checkpoint-dir (any layout of the same model); "
+                   "--resume auto: from it if there is one, else from step 1 (a requeued job's script)")
+      ->expected(0, 1)
+      ->default_str("always");
   command->add_option("--watchdog", a->watchdog,
                       "Bound of one step (90s, 30m, off; default DEW_WATCHDOG, else 30m): a process stalled "
                       "outside collectives past it fails the pool, naming itself");

@@ -33,6 +33,8 @@ extern const unsigned int spank_plugin_version = 0;
 }
 
 #include "dew/hex.h"
+#include "dew/slurm_step.h"
+#include "node_lookup.h"
 #include "pool_plan.h"
 #include "step_end.h"
 
@@ -186,6 +188,11 @@ spank_option g_option_table[] = {
 
 // ------------------------------------------------------- slurmstepd side ---
 
+// Process 0's node as this step's other nodes reach it (slurmstepd, once per
+// step, before the tasks fork; the forked tasks read it). Not looked up when
+// --dew-coordinator names the host.
+NodeLookup g_rank0_node;
+
 std::optional<std::string> task_getenv(spank_t sp, const char* name) {
   std::vector<char> buffer(256);
   for (;;) {
@@ -217,12 +224,30 @@ Result<TaskFacts> gather_task_facts(spank_t sp) {
   facts.tres_bind = task_getenv(sp, "SLURMD_TRES_BIND");
   facts.gpus_per_task = task_getenv(sp, "SLURM_GPUS_PER_TASK");
   facts.xla_flags = task_getenv(sp, "XLA_FLAGS");
+  facts.rank0_name_resolves = g_rank0_node.name_resolves;
+  facts.rank0_node_address = g_rank0_node.node_address;
   return facts;
 }
 
 bool special_step(spank_t sp) {
   std::uint32_t step = 0;
   return !get_item(sp, S_JOB_STEPID, step) || step >= kFirstSpecialStep;
+}
+
+int user_init(spank_t sp) {
+  if (!g_options.pool || g_options.coordinator || special_step(sp)) return 0;
+  auto node = rank0_node(task_getenv(sp, "SLURM_STEP_NODELIST"), task_getenv(sp, "SLURM_DISTRIBUTION"));
+  if (!node.ok()) return 0;  // task_init names the problem, per task
+  g_rank0_node = look_up_node(node.value());
+  if (g_rank0_node.name_resolves) return 0;
+  if (g_rank0_node.node_address) {
+    slurm_info("dew: process 0's node %s does not resolve here: coordinator at its NodeAddr %s, from Slurm",
+               node.value().c_str(), g_rank0_node.node_address->c_str());
+  } else {
+    slurm_info("dew: process 0's node %s does not resolve here and has no NodeAddr: %s", node.value().c_str(),
+               g_rank0_node.why_none.c_str());
+  }
+  return 0;
 }
 
 int task_init(spank_t sp) {
@@ -333,6 +358,10 @@ int slurm_spank_init_post_opt(spank_t, int, char**) {
     // its copy of the environment for the tasks by then.
     return context == S_CTX_LOCAL && g_options.pool ? draw_pool_secret() : 0;
   });
+}
+
+int slurm_spank_user_init(spank_t sp, int, char**) {
+  return guarded("user_init", [&] { return spank_context() == S_CTX_REMOTE ? user_init(sp) : 0; });
 }
 
 int slurm_spank_task_init(spank_t sp, int, char**) {

@@ -95,6 +95,11 @@ struct TaskFacts {
   std::optional<std::string> tres_bind;        // SLURMD_TRES_BIND
   std::optional<std::string> gpus_per_task;    // SLURM_GPUS_PER_TASK
   std::optional<std::string> xla_flags;        // XLA_FLAGS
+  // Process 0's node, looked up by slurmstepd once per step (not when
+  // --dew-coordinator names the host): whether its name resolves here, and
+  // else its NodeAddr from Slurm (nullopt: Slurm gave none).
+  bool rank0_name_resolves = true;
+  std::optional<std::string> rank0_node_address;
 };
 
 struct EnvPlan {
@@ -103,7 +108,10 @@ struct EnvPlan {
   std::vector<std::string> notes;  // for slurmd's log (debug level)
 };
 
-// The host that runs rank 0, for distributions where that is known.
+// The host that runs rank 0, for distributions where that is known: the
+// --dew-coordinator given, else process 0's node name where it resolves,
+// else that node's NodeAddr from Slurm (NodeName and NodeAddr differ: the
+// name alone reaches nothing).
 Result<std::string> coordinator_host(const TaskFacts& facts, const PoolOptions& options);
 
 // What bind_gpus is given for this task: the user's devices per process, else

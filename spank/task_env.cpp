@@ -17,7 +17,11 @@ Result<std::string> coordinator_host(const TaskFacts& facts, const PoolOptions& 
   if (!node.ok() && node.error().code != ErrorCode::kInvalidArgument) {
     return Error{node.error().code, node.error().message + "; or name the host with --dew-coordinator=HOST"};
   }
-  return node;
+  if (!node.ok() || facts.rank0_name_resolves) return node;
+  if (facts.rank0_node_address && !facts.rank0_node_address->empty()) return *facts.rank0_node_address;
+  return unavailable("process 0's node '" + node.value() +
+                     "' does not resolve here and Slurm gave no NodeAddr for it; name the host other nodes reach it "
+                     "by with --dew-coordinator=HOST");
 }
 
 Result<GpuBindingInput> task_gpu_binding(const TaskFacts& facts, const PoolOptions& options,

@@ -35,13 +35,29 @@ std::string holder_line(const runtime::Pool& pool) {
          std::to_string(::getpid()) + ", since " + since + ")";
 }
 
+// --resume auto: whether the directory holds a checkpoint to resume from
+// (its manifest, written last). Process 0's look decides for the pool, so
+// every process takes the same way even if one is written meanwhile; what is
+// there is then verified as any --resume's is, never started over silently.
+bool has_checkpoint(runtime::Pool& pool, const std::string& directory) {
+  std::error_code ignored;
+  const bool here = std::filesystem::exists(directory + "/manifest.json", ignored);
+  const bool found = pool.all_gather(here ? "1" : "0").front() == "1";
+  if (pool.rank() == 0 && !found) {
+    log_info("--resume auto: no checkpoint in " + directory + " yet: starting at step 1");
+  }
+  return found;
+}
+
 // The checkpoint directory, shared by every process (checked before step 1)
 // and held by this pool alone (process 0 holds its lock for the run), and
 // the state to resume from.
 Result<std::optional<Checkpoint>> prepare_checkpoints(runtime::Pool& pool, const WorkerOptions& o,
                                                       std::optional<DirectoryLock>& lock) {
   if (o.checkpoint_dir.empty()) {
-    if (o.resume) return invalid_argument("--resume needs --checkpoint-dir, the directory to resume from");
+    if (o.resume != Resume::kNo) {
+      return invalid_argument("--resume needs --checkpoint-dir, the directory to resume from");
+    }
     if (o.checkpoint_every > 0) return invalid_argument("--checkpoint-every needs --checkpoint-dir");
     return std::optional<Checkpoint>();
   }
@@ -62,7 +78,8 @@ Result<std::optional<Checkpoint>> prepare_checkpoints(runtime::Pool& pool, const
   } catch (const runtime::PoolError& e) {
     return Error{e.code(), std::string("--checkpoint-dir: ") + e.what()};
   }
-  if (!o.resume) return std::optional<Checkpoint>();
+  if (o.resume == Resume::kNo) return std::optional<Checkpoint>();
+  if (o.resume == Resume::kIfAny && !has_checkpoint(pool, o.checkpoint_dir)) return std::optional<Checkpoint>();
   // Every process verifies what it reads itself (no file can change between
   // one process's check and another's read); the first that refuses speaks
   // for the pool, once, with a refused resume's exit code 1, and the others
@@ -74,6 +91,10 @@ Result<std::optional<Checkpoint>> prepare_checkpoints(runtime::Pool& pool, const
     if (int(r) == pool.rank()) pool.fail(verdicts[r], 1);
     std::this_thread::sleep_for(timings::kPeerNoticeGrace);
     return peer_failed("process " + std::to_string(r) + " refused the checkpoint: " + verdicts[r]);
+  }
+  if (pool.rank() == 0) {
+    log_info("resuming from the checkpoint of step " + std::to_string(loaded.value().manifest.step) + " in " +
+             o.checkpoint_dir + " (its size, digest and binding verified by every process)");
   }
   return std::optional<Checkpoint>(std::move(loaded.value()));
 }
@@ -199,7 +220,7 @@ Result<WorkerReport> run_one_device(runtime::Pool& pool, WorkerOptions o) {
   o.devices_per_process = 1;
   o.checkpoint_dir.clear();
   o.checkpoint_every = 0;
-  o.resume = false;
+  o.resume = Resume::kNo;
   o.cache_dir.clear();
   o.drill = Drill{};
   auto planned = plan_layout(o, 1);

@@ -54,8 +54,7 @@ TEST(PoolMesh, TwoHostsTopologiesGiveOneHybridMeshUnderEveryLauncher) {
   ASSERT_EQ(offline.exit_code, 0) << offline.err;
   const auto planned = nlohmann::json::parse(offline.out);
   const std::vector<std::vector<std::string>> modes = {
-      {"--dew-pool", "--dew-coordinator=127.0.0.1", "--gpus-per-node=4", "--dew-devices-per-process=2"},
-      {"--mpi=pmix"}};
+      {"--dew-pool", "--gpus-per-node=4", "--dew-devices-per-process=2"}, {"--mpi=pmix"}};
   for (auto args : modes) {
     SCOPED_TRACE(args.front());
     args.insert(args.end(), {"-N2", "--ntasks-per-node=2", "sh", "-c", script});
@@ -76,13 +75,9 @@ TEST(PoolMesh, TwoHostsTopologiesGiveOneHybridMeshUnderEveryLauncher) {
 }
 
 TEST(PoolMesh, AFourAndAnEightGpuHostAreRefusedWithTheNumbers) {
-  std::vector<std::string> args = {"--dew-pool",
-                                   "--dew-coordinator=127.0.0.1",
-                                   "-N2",
-                                   "--ntasks-per-node=1",
-                                   "sh",
-                                   "-c",
-                                   per_node("rtx3090-4gpu.nvidia-smi-topo.txt", "dgx1v.nccl-topo.xml", "fsdp=4")};
+  std::vector<std::string> args = {
+      "--dew-pool", "-N2", "--ntasks-per-node=1",
+      "sh",         "-c",  per_node("rtx3090-4gpu.nvidia-smi-topo.txt", "dgx1v.nccl-topo.xml", "fsdp=4")};
   auto r = cluster().srun(args, {}, 60s);
   EXPECT_NE(r.exit_code, 0) << describe(r);
   EXPECT_THAT(r.err, HasSubstr("has 8 GPUs and")) << describe(r);

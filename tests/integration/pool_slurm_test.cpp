@@ -42,19 +42,16 @@ TEST(SlurmPool, PmixBackendUnderSrunMpiPmix) {
 }
 
 TEST(SlurmPool, TcpServiceUnderSrunDewPool) {
-  // The plugin's coordinator host is the node name, which does not resolve
-  // on this one-host cluster: name the address instead.
-  expect_exchange(
-      cluster().srun({"--dew-pool", "--dew-coordinator=127.0.0.1", "-N2", "--ntasks-per-node=2", worker(), "exchange"},
-                     {}, 60s),
-      "slurm", "tcp");
+  // The node names (n1, n2) do not resolve: the plugin finds process 0's
+  // node by its NodeAddr, from Slurm, with no --dew-coordinator.
+  expect_exchange(cluster().srun({"--dew-pool", "-N2", "--ntasks-per-node=2", worker(), "exchange"}, {}, 60s), "slurm",
+                  "tcp");
 }
 
 TEST(SlurmPool, ARankThatThrowsEndsTheStepWithItsErrorPrintedOnce) {
   for (const std::string mode : {"--mpi=pmix", "--dew-pool"}) {
     SCOPED_TRACE(mode);
     std::vector<std::string> args = {mode, "-N2", "--ntasks-per-node=2", worker(), "throw", "2"};
-    if (mode == "--dew-pool") args.insert(args.begin() + 1, "--dew-coordinator=127.0.0.1");
     const auto run = cluster().srun(args, {}, 60s);
     EXPECT_NE(run.exit_code, 0);
     EXPECT_LT(run.seconds, 10.0) << run.err;
@@ -78,9 +75,7 @@ std::vector<std::string> plugin_lines(const std::string& err) {
 TEST(SlurmPool, ThePluginNamesTheFailingRankNeverAPeerThatEndedWith75) {
   for (int run = 0; run < 8; ++run) {
     SCOPED_TRACE("run " + std::to_string(run));
-    const auto r = cluster().srun(
-        {"--dew-pool", "--dew-coordinator=127.0.0.1", "-N2", "--ntasks-per-node=2", worker(), "fail", "1", "3"}, {},
-        60s);
+    const auto r = cluster().srun({"--dew-pool", "-N2", "--ntasks-per-node=2", worker(), "fail", "1", "3"}, {}, 60s);
     EXPECT_LT(r.seconds, 5.0) << r.err;
     const auto lines = plugin_lines(r.err);
     ASSERT_EQ(lines.size(), 1u) << r.err;
@@ -93,7 +88,7 @@ TEST(SlurmPool, ThePluginNamesTheFailingRankNeverAPeerThatEndedWith75) {
 TEST(SlurmPool, ARankKilledFromOutsideIsNamed) {
   const auto dir = std::filesystem::temp_directory_path() / ("dew-oom-" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
-  Spawned srun({"srun", "--dew-pool", "--dew-coordinator=127.0.0.1", "-N2", "--ntasks-per-node=2", "bash", "-c",
+  Spawned srun({"srun", "--dew-pool", "-N2", "--ntasks-per-node=2", "bash", "-c",
                 "echo $$ > " + dir.string() + "/pid.$SLURM_PROCID; exec " + worker() + " steps"},
                cluster().client_env());
   const auto pid_file = dir / "pid.2";
@@ -133,10 +128,9 @@ TEST(SlurmPool, SequenceParallelAttentionUnderSrunDewPool) {
   const char* attention_worker = std::getenv("DEW_ATTENTION_POOL_WORKER");
   ASSERT_NE(attention_worker, nullptr) << "the build names tests/unit/attention/pool_worker here";
   // 2 nodes x 1 task x 2 devices: each node's devices are threads of its task.
-  expect_attention(
-      cluster().srun({"--dew-pool", "--dew-coordinator=127.0.0.1", "-N2", "--ntasks-per-node=1", attention_worker, "2"},
-                     {{"OPENBLAS_NUM_THREADS", "1"}}, 120s),
-      2, 2);
+  expect_attention(cluster().srun({"--dew-pool", "-N2", "--ntasks-per-node=1", attention_worker, "2"},
+                                  {{"OPENBLAS_NUM_THREADS", "1"}}, 120s),
+                   2, 2);
 }
 
 TEST(SlurmPool, SequenceParallelAttentionUnderSrunMpiPmix) {
@@ -152,27 +146,10 @@ TEST(SlurmPool, DewAttentionCheckUnderSrun) {
   // What a user runs to see sequence-parallel attention work on their
   // allocation: 2 nodes x 1 task x 2 devices, heads over tensor 2 x sequence 2
   // (each node's two devices a sequence group, one tensor shard per node).
-  const auto run = cluster().srun({"--dew-pool",
-                                   "--dew-coordinator=127.0.0.1",
-                                   "-N2",
-                                   "--ntasks-per-node=1",
-                                   dew_exe(),
-                                   "attention-check",
-                                   "--devices-per-process",
-                                   "2",
-                                   "--mesh",
-                                   "tensor=2,sequence=2",
-                                   "--heads",
-                                   "8",
-                                   "--kv-heads",
-                                   "4",
-                                   "--length",
-                                   "256",
-                                   "--head-dim",
-                                   "32",
-                                   "--runs",
-                                   "1"},
-                                  {{"OPENBLAS_NUM_THREADS", "1"}}, 120s);
+  const auto run = cluster().srun(
+      {"--dew-pool", "-N2", "--ntasks-per-node=1", dew_exe(), "attention-check", "--devices-per-process", "2", "--mesh",
+       "tensor=2,sequence=2", "--heads", "8", "--kv-heads", "4", "--length", "256", "--head-dim", "32", "--runs", "1"},
+      {{"OPENBLAS_NUM_THREADS", "1"}}, 120s);
   ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
   // Process 0 alone prints the table, for every device of the pool.
   EXPECT_EQ(occurrences(run.out, "attention check: 4 devices (2 processes x 2), mesh tensor=2,sequence=2"), 1)
@@ -182,27 +159,10 @@ TEST(SlurmPool, DewAttentionCheckUnderSrun) {
   EXPECT_THAT(run.err, HasSubstr("[1] Joined the pool: process 1 of 2 (slurm, tcp)")) << run.err;
 
   // Every device on the sequence axis: the groups span the two nodes.
-  const auto across = cluster().srun({"--dew-pool",
-                                      "--dew-coordinator=127.0.0.1",
-                                      "-N2",
-                                      "--ntasks-per-node=1",
-                                      dew_exe(),
-                                      "attention-check",
-                                      "--devices-per-process",
-                                      "2",
-                                      "--heads",
-                                      "8",
-                                      "--kv-heads",
-                                      "4",
-                                      "--length",
-                                      "256",
-                                      "--head-dim",
-                                      "32",
-                                      "--mask",
-                                      "window=40",
-                                      "--runs",
-                                      "1"},
-                                     {{"OPENBLAS_NUM_THREADS", "1"}}, 120s);
+  const auto across = cluster().srun(
+      {"--dew-pool", "-N2", "--ntasks-per-node=1", dew_exe(), "attention-check", "--devices-per-process", "2",
+       "--heads", "8", "--kv-heads", "4", "--length", "256", "--head-dim", "32", "--mask", "window=40", "--runs", "1"},
+      {{"OPENBLAS_NUM_THREADS", "1"}}, 120s);
   ASSERT_EQ(across.exit_code, 0) << across.out << across.err;
   EXPECT_THAT(across.out, HasSubstr("4 devices (2 processes x 2), mesh sequence=4;")) << across.out;
   EXPECT_EQ(occurrences(across.out, "  ok\n"), 2) << across.out;
@@ -218,8 +178,7 @@ TEST(SlurmPool, DewAttentionCheckUnderSrun) {
 }
 
 TEST(SlurmPool, DewEnvShowsTheResolvedIdentity) {
-  const auto pooled =
-      cluster().srun({"--dew-pool", "--dew-coordinator=127.0.0.1", "-N2", "-n2", "-l", dew_exe(), "env"}, {}, 30s);
+  const auto pooled = cluster().srun({"--dew-pool", "-N2", "-n2", "-l", dew_exe(), "env"}, {}, 30s);
   ASSERT_EQ(pooled.exit_code, 0) << pooled.err;
   EXPECT_THAT(pooled.out, HasSubstr("1: source:       slurm"));
   EXPECT_THAT(pooled.out, HasSubstr("1: process:      1 of 2"));

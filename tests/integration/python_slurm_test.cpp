@@ -32,8 +32,8 @@ std::string script() { return std::string(std::getenv("DEW_SOURCE_ROOT")) + "/te
 // --mpi=pmix: each mode's result, named by its first option.
 std::vector<std::pair<std::string, RunResult>> script_under_each_srun(const std::string& script_mode) {
   std::vector<std::pair<std::string, RunResult>> results;
-  for (const std::vector<std::string>& mode : {std::vector<std::string>{"--dew-pool", "--dew-coordinator=127.0.0.1"},
-                                               std::vector<std::string>{"--mpi=pmix"}}) {
+  for (const std::vector<std::string>& mode :
+       {std::vector<std::string>{"--dew-pool"}, std::vector<std::string>{"--mpi=pmix"}}) {
     std::vector<std::string> args = mode;
     args.insert(args.end(), {"-N2", "--ntasks-per-node=2", "/usr/bin/python3", script(), script_mode});
     results.emplace_back(mode.front(), cluster().srun(args, {{"PYTHONPATH", module_dir()}}, 60s));
@@ -60,8 +60,7 @@ TEST(PythonSlurm, AScriptsPoolUnderSrunExchangesAndLaysOutTheMesh) {
 
 TEST(PythonSlurm, ARankThatRaisesEndsTheStepNamedOnce) {
   if (module_dir().empty()) GTEST_SKIP() << "the dew Python module is not built (pybind11-dev missing)";
-  auto r = cluster().srun({"--dew-pool", "--dew-coordinator=127.0.0.1", "-N2", "--ntasks-per-node=2",
-                           "/usr/bin/python3", script(), "sleep", "2"},
+  auto r = cluster().srun({"--dew-pool", "-N2", "--ntasks-per-node=2", "/usr/bin/python3", script(), "sleep", "2"},
                           {{"PYTHONPATH", module_dir()}}, 60s);
   EXPECT_NE(r.exit_code, 0) << describe(r);
   EXPECT_LT(r.seconds, 10.0);
@@ -103,8 +102,8 @@ TEST(PythonSlurm, ATorchDdpScriptRunsUnderSrunAndMatchesOneProcess) {
   const auto reference = losses_in(dir.path() + "/one.json");
   ASSERT_EQ(reference.size(), 8u);
   const std::vector<std::pair<std::string, std::vector<std::string>>> runs = {
-      {"unmodified", {"--dew-pool", "--dew-coordinator=127.0.0.1"}},
-      {"dew", {"--dew-pool", "--dew-coordinator=127.0.0.1"}},
+      {"unmodified", {"--dew-pool"}},
+      {"dew", {"--dew-pool"}},
       {"dew", {"--mpi=pmix"}},
   };
   int k = 0;
@@ -124,10 +123,9 @@ TEST(PythonSlurm, ATorchDdpScriptRunsUnderSrunAndMatchesOneProcess) {
 TEST(PythonSlurm, ATorchRankRaisingAtStep5EndsTheStepWithinASecondNamedOnce) {
   if (module_dir().empty()) GTEST_SKIP() << "the dew Python module is not built (pybind11-dev missing)";
   if (!have_torch()) GTEST_SKIP() << "python3-torch is not installed (scripts/install-deps installs it)";
-  auto r =
-      cluster().srun({"--dew-pool", "--dew-coordinator=127.0.0.1", "-N2", "--ntasks-per-node=2", "/usr/bin/python3",
-                      source("tests/python/torch_ddp.py"), "--dew", "--fail-rank", "2", "--fail-step", "5"},
-                     {{"PYTHONPATH", module_dir()}}, 120s);
+  auto r = cluster().srun({"--dew-pool", "-N2", "--ntasks-per-node=2", "/usr/bin/python3",
+                           source("tests/python/torch_ddp.py"), "--dew", "--fail-rank", "2", "--fail-step", "5"},
+                          {{"PYTHONPATH", module_dir()}}, 120s);
   const double ended = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   EXPECT_NE(r.exit_code, 0) << describe(r);
   std::smatch raised;

@@ -2,6 +2,7 @@
 // two slurmd on this host) with the freshly built spank_dew.so.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <netdb.h>
 
 #include <filesystem>
 #include <fstream>
@@ -23,6 +24,16 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using namespace std::chrono_literals;
 
+// How the other nodes reach process 0's node: by its name where that
+// resolves, else by its NodeAddr from Slurm. The test cluster's node names
+// (n1, n2) resolve nowhere, and both nodes' NodeAddr is 127.0.0.1.
+std::string reached_as(const std::string& node) {
+  addrinfo* found = nullptr;
+  const bool resolves = getaddrinfo(node.c_str(), nullptr, nullptr, &found) == 0;
+  if (found != nullptr) freeaddrinfo(found);
+  return resolves ? node : "127.0.0.1";
+}
+
 const std::vector<std::string> kDewVariables = {"DEW_PROCESS_ID",
                                                 "DEW_PROCESS_COUNT",
                                                 "DEW_LOCAL_PROCESS_ID",
@@ -40,7 +51,8 @@ TEST(SrunDewPool, EveryTaskOfTwoNodesGetsItsIdentityAndOneCoordinator) {
 
   const auto job = static_cast<std::uint32_t>(std::stoul(tasks[0]["SLURM_JOB_ID"]));
   const auto step = static_cast<std::uint32_t>(std::stoul(tasks[0]["SLURM_STEP_ID"]));
-  const auto expected_address = "n1:" + std::to_string(dew::derive_port(job, step, dew::PortRange{}));
+  const std::string host = reached_as("n1");
+  const auto expected_address = host + ":" + std::to_string(dew::derive_port(job, step, dew::PortRange{}));
   // The framework's rendezvous: the same node, a port of its own.
   const auto framework_port = std::to_string(dew::derive_port(job, step, dew::kFrameworkPortRange));
   std::map<std::string, int> tasks_per_node;
@@ -56,9 +68,9 @@ TEST(SrunDewPool, EveryTaskOfTwoNodesGetsItsIdentityAndOneCoordinator) {
     EXPECT_EQ(env["DEW_LOCAL_PROCESS_COUNT"], std::to_string(tasks_per_node[env["SLURM_NODEID"]]));
     EXPECT_EQ(env["DEW_NODE_ID"], env["SLURM_NODEID"]);
     EXPECT_EQ(env["DEW_COORDINATOR_ADDRESS"], expected_address);
-    EXPECT_EQ(env["JAX_COORDINATOR_ADDRESS"], "n1:" + framework_port);
+    EXPECT_EQ(env["JAX_COORDINATOR_ADDRESS"], host + ":" + framework_port);
     // torchrun's contract, for an unmodified init_process_group("gloo").
-    EXPECT_EQ(env["MASTER_ADDR"], "n1");
+    EXPECT_EQ(env["MASTER_ADDR"], host);
     EXPECT_EQ(env["MASTER_PORT"], framework_port);
     EXPECT_EQ(env["RANK"], env["SLURM_PROCID"]);
     EXPECT_EQ(env["WORLD_SIZE"], "4");
@@ -107,7 +119,7 @@ TEST(SrunDewPool, SecretSurvivesExportNone) {
   EXPECT_TRUE(std::regex_match(tasks[0]["DEW_POOL_SECRET"], std::regex("[0-9a-f]{64}")));
   EXPECT_EQ(tasks[0]["DEW_POOL_SECRET"], tasks[1]["DEW_POOL_SECRET"]);
   EXPECT_EQ(tasks[1]["DEW_PROCESS_ID"], "1");
-  EXPECT_THAT(tasks[1]["DEW_COORDINATOR_ADDRESS"], HasSubstr("n1:"));
+  EXPECT_THAT(tasks[1]["DEW_COORDINATOR_ADDRESS"], HasSubstr(reached_as("n1") + ":"));
 }
 
 TEST(SrunDewPool, TwoStepsAtOnceInOneAllocationGetDifferentPorts) {
@@ -189,7 +201,7 @@ TEST(SrunDewPool, PlugstackPortRangeAndWatchdogApply) {
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   auto tasks = task_environments(r.out);
   ASSERT_EQ(tasks.size(), 2u);
-  EXPECT_EQ(tasks[1]["DEW_COORDINATOR_ADDRESS"], "n1:35000");
+  EXPECT_EQ(tasks[1]["DEW_COORDINATOR_ADDRESS"], reached_as("n1") + ":35000");
   EXPECT_EQ(tasks[1]["XLA_FLAGS"], "--xla_gpu_execution_terminate_timeout=2h");
 }
 
@@ -261,11 +273,10 @@ TEST(SrunDewPool, SingleTaskFormsNoPoolUnlessMultiHost) {
   // On the step's one node, whichever Slurm chose (n1 while n2 is free, or
   // n2 while n1 is still completing the previous test's job).
   ASSERT_FALSE(env["SLURMD_NODENAME"].empty()) << describe(r);
-  EXPECT_THAT(env["DEW_COORDINATOR_ADDRESS"], HasSubstr(env["SLURMD_NODENAME"] + ":"));
+  EXPECT_THAT(env["DEW_COORDINATOR_ADDRESS"], HasSubstr(reached_as(env["SLURMD_NODENAME"]) + ":"));
   EXPECT_EQ(env["DEW_POOL_SECRET"].size(), 64u);
   // libdew and dew env see a pool of one, not a process alone.
-  r = cluster().srun({"--dew-pool", "--dew-multi-host", "--dew-coordinator=127.0.0.1", "-N1", "-n1", dew_exe(), "env"},
-                     {}, 30s);
+  r = cluster().srun({"--dew-pool", "--dew-multi-host", "-N1", "-n1", dew_exe(), "env"}, {}, 30s);
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   EXPECT_THAT(r.out, HasSubstr("source:       slurm")) << r.out;
   EXPECT_THAT(r.out, HasSubstr("process:      0 of 1")) << r.out;

@@ -16,9 +16,9 @@ namespace {
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
-// The plugin's coordinator host is the node name, which does not resolve
-// on this one-host cluster: name the address instead.
-const std::vector<std::string> kDewPool = {"--dew-pool", "--dew-coordinator=127.0.0.1"};
+// No --dew-coordinator: the node names do not resolve, and the plugin finds
+// process 0's node by its NodeAddr, from Slurm.
+const std::vector<std::string> kDewPool = {"--dew-pool"};
 
 // The hybrid pool of the design page, without the dataset cache unless
 // `extra` names one; `extra` may also replace the mesh.

@@ -76,6 +76,11 @@ struct Drill {
 // the allowed forms.
 Result<Drill> parse_drill(std::string_view text);
 
+// Whether a run continues from the checkpoint directory's last complete
+// checkpoint: never, always (there must be one), or if there is one (a
+// requeued job starts the same command again; its first start has none).
+enum class Resume { kNo, kAlways, kIfAny };
+
 struct WorkerOptions {
   std::string mesh;  // a MeshSpec (JSON or axis=n,...); empty: data over every device
   int devices_per_process = 1;
@@ -97,7 +102,7 @@ struct WorkerOptions {
   // from its last complete one (any layout of the same model).
   std::string checkpoint_dir;
   int checkpoint_every = 0;
-  bool resume = false;
+  Resume resume = Resume::kNo;
   // The step bound of the stall watch (stall_watch.h); nullopt: off.
   std::optional<std::chrono::milliseconds> step_bound = kDefaultWatchdog;
   // Where the tokenized dataset is cached under the compile-cache key;

@@ -11,6 +11,7 @@ namespace dew::spank {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::StartsWith;
 using ::testing::UnorderedElementsAre;
 using namespace std::chrono_literals;
 
@@ -275,6 +276,32 @@ TEST(CoordinatorHost, ArbitraryNeedsAnExplicitHost) {
   auto options = pool();
   options.coordinator = "n5";
   EXPECT_EQ(coordinator_host(facts, options).value(), "n5");
+}
+
+// NodeName and NodeAddr differ (a test cluster's n1 at 127.0.0.1, a real
+// cluster's node names on another network): a name that does not resolve is
+// replaced by the node's NodeAddr from Slurm; an explicit host wins.
+TEST(CoordinatorHost, ANodeNameThatDoesNotResolveGivesWayToItsNodeAddr) {
+  auto facts = four_tasks_on_two_nodes(2);
+  facts.rank0_name_resolves = false;
+  facts.rank0_node_address = "10.42.0.7";
+  EXPECT_EQ(coordinator_host(facts, pool()).value(), "10.42.0.7");
+  auto env = env_of(plan_task_environment(facts, pool(), PlugstackConfig{}));
+  EXPECT_THAT(env["DEW_COORDINATOR_ADDRESS"], StartsWith("10.42.0.7:"));
+  EXPECT_EQ(env["MASTER_ADDR"], "10.42.0.7");
+  auto options = pool();
+  options.coordinator = "head.example";
+  EXPECT_EQ(coordinator_host(facts, options).value(), "head.example");
+  facts.rank0_name_resolves = true;  // a name that resolves is kept
+  EXPECT_EQ(coordinator_host(facts, pool()).value(), "gpu07");
+}
+
+TEST(CoordinatorHost, ANodeNameThatDoesNotResolveWithoutANodeAddrSaysWhatToGive) {
+  auto facts = four_tasks_on_two_nodes(2);
+  facts.rank0_name_resolves = false;
+  const auto message = dew::testing::message_of(coordinator_host(facts, pool()), ErrorCode::kUnavailable);
+  EXPECT_THAT(message, HasSubstr("process 0's node 'gpu07' does not resolve here"));
+  EXPECT_THAT(message, HasSubstr("--dew-coordinator=HOST"));
 }
 
 TEST(CoordinatorHost, BadNodelistIsNamed) {

@@ -60,7 +60,7 @@ TEST(Worker, ACheckpointResumesIntoAnotherLayout) {
   ASSERT_TRUE(run_worker(alone(), first).ok());
   WorkerOptions rest = small("sequence=2,fsdp=4");
   rest.checkpoint_dir = dir;
-  rest.resume = true;
+  rest.resume = Resume::kAlways;
   auto resumed = run_worker(alone(), rest);
   ASSERT_TRUE(resumed.ok()) << resumed.error().message;
   EXPECT_EQ(resumed.value().resumed_from, 2);
