@@ -44,6 +44,9 @@ namespace {
 // The step's secret travels from srun to the tasks in a SLURM_* variable:
 // srun 22.05 passes those even with --export=NONE (SPANK_* it drops).
 constexpr const char* kSecretCarrier = "SLURM_DEW_POOL_SECRET";
+// srun's word on process 0's node, "NODE=ADDRESS", when its name does not
+// resolve where srun runs: that node's NodeAddr, from Slurm.
+constexpr const char* kRank0AddressCarrier = "SLURM_DEW_RANK0_NODE_ADDR";
 constexpr std::size_t kSecretBytes = 32;
 // Steps Slurm runs for itself (batch script, extern, interactive): never pools.
 constexpr std::uint32_t kFirstSpecialStep = 0xfffffff0u;
@@ -188,11 +191,6 @@ spank_option g_option_table[] = {
 
 // ------------------------------------------------------- slurmstepd side ---
 
-// Process 0's node as this step's other nodes reach it (slurmstepd, once per
-// step, before the tasks fork; the forked tasks read it). Not looked up when
-// --dew-coordinator names the host.
-NodeLookup g_rank0_node;
-
 std::optional<std::string> task_getenv(spank_t sp, const char* name) {
   std::vector<char> buffer(256);
   for (;;) {
@@ -224,8 +222,6 @@ Result<TaskFacts> gather_task_facts(spank_t sp) {
   facts.tres_bind = task_getenv(sp, "SLURMD_TRES_BIND");
   facts.gpus_per_task = task_getenv(sp, "SLURM_GPUS_PER_TASK");
   facts.xla_flags = task_getenv(sp, "XLA_FLAGS");
-  facts.rank0_name_resolves = g_rank0_node.name_resolves;
-  facts.rank0_node_address = g_rank0_node.node_address;
   return facts;
 }
 
@@ -234,30 +230,27 @@ bool special_step(spank_t sp) {
   return !get_item(sp, S_JOB_STEPID, step) || step >= kFirstSpecialStep;
 }
 
-int user_init(spank_t sp) {
-  if (!g_options.pool || g_options.coordinator || special_step(sp)) return 0;
-  auto node = rank0_node(task_getenv(sp, "SLURM_STEP_NODELIST"), task_getenv(sp, "SLURM_DISTRIBUTION"));
-  if (!node.ok()) return 0;  // task_init names the problem, per task
-  g_rank0_node = look_up_node(node.value());
-  if (g_rank0_node.name_resolves) return 0;
-  if (g_rank0_node.node_address) {
-    slurm_info("dew: process 0's node %s does not resolve here: coordinator at its NodeAddr %s, from Slurm",
-               node.value().c_str(), g_rank0_node.node_address->c_str());
-  } else {
-    slurm_info("dew: process 0's node %s does not resolve here and has no NodeAddr: %s", node.value().c_str(),
-               g_rank0_node.why_none.c_str());
-  }
-  return 0;
+// srun's lookup (below), for the node that runs process 0 in this step.
+void take_rank0_address(TaskFacts& facts, const std::optional<std::string>& carried) {
+  if (!carried) return;
+  const auto equals = carried->find('=');
+  auto node = rank0_node(facts.step_nodelist, facts.distribution);
+  if (equals == std::string::npos || !node.ok() || carried->substr(0, equals) != node.value()) return;
+  facts.rank0_name_resolves = false;
+  if (equals + 1 < carried->size()) facts.rank0_node_address = carried->substr(equals + 1);
 }
 
 int task_init(spank_t sp) {
   if (g_config_error) return report(*g_config_error), -1;
   auto secret = task_getenv(sp, kSecretCarrier);
   spank_unsetenv(sp, kSecretCarrier);  // never left in a task: it reads DEW_POOL_SECRET
+  auto rank0_address = task_getenv(sp, kRank0AddressCarrier);
+  spank_unsetenv(sp, kRank0AddressCarrier);
   if (!g_options.pool || special_step(sp)) return 0;
   auto facts = gather_task_facts(sp);
   if (!facts.ok()) return report(facts.error()), -1;
   facts.value().pool_secret = std::move(secret);
+  take_rank0_address(facts.value(), rank0_address);
   auto plan = plan_task_environment(facts.value(), g_options, g_config);
   if (!plan.ok()) {
     slurm_error("dew: rank %u: %s", facts.value().global_task, plan.error().message.c_str());
@@ -312,6 +305,26 @@ int task_exit(spank_t sp) {
 
 // ------------------------------------------------------------ srun side ---
 
+// Process 0's node as the other nodes reach it: its name where that resolves
+// (here, where srun runs), else its NodeAddr, asked of Slurm by srun (a
+// client, where Slurm's API is safe: inside slurmstepd 24.11 the RPC's
+// lock is held and the step dies). Carried to the tasks in the environment.
+int look_up_rank0_node() {
+  const char* nodelist = std::getenv("SLURM_NODELIST");
+  const char* distribution = std::getenv("SLURM_DISTRIBUTION");
+  auto node = rank0_node(nodelist ? std::optional<std::string>(nodelist) : std::nullopt,
+                         distribution ? std::optional<std::string>(distribution) : std::nullopt);
+  if (!node.ok()) return 0;  // each task names the problem
+  const NodeLookup lookup = look_up_node(node.value());
+  if (lookup.name_resolves) return 0;
+  if (!lookup.node_address) {
+    slurm_info("dew: process 0's node %s does not resolve here and has no NodeAddr: %s", node.value().c_str(),
+               lookup.why_none.c_str());
+  }
+  const std::string carried = node.value() + "=" + lookup.node_address.value_or("");
+  return setenv(kRank0AddressCarrier, carried.c_str(), 1) == 0 ? 0 : -1;
+}
+
 int draw_pool_secret() {
   auto secret = random_hex(kSecretBytes);
   if (!secret.ok()) return report(secret.error().prefixed("cannot draw the pool secret: ")), -1;
@@ -360,8 +373,13 @@ int slurm_spank_init_post_opt(spank_t, int, char**) {
   });
 }
 
-int slurm_spank_user_init(spank_t sp, int, char**) {
-  return guarded("user_init", [&] { return spank_context() == S_CTX_REMOTE ? user_init(sp) : 0; });
+// srun, once the step exists (its nodes known, SLURM_NODELIST) and before
+// the tasks' environment is taken from srun's.
+int slurm_spank_local_user_init(spank_t, int, char**) {
+  return guarded("local_user_init", [&] {
+    if (spank_context() != S_CTX_LOCAL || !g_options.pool || g_options.coordinator) return 0;
+    return look_up_rank0_node();
+  });
 }
 
 int slurm_spank_task_init(spank_t sp, int, char**) {

@@ -64,7 +64,7 @@ TEST(SlurmPool, PlainSrunWithoutMungeOrASecretSaysWhatToSet) {
   auto r = cluster().srun({"-N2", "--ntasks-per-node=2", pool_worker(), "exchange"},
                           {{"DEW_COORDINATOR_ADDRESS", "127.0.0.1:" + std::to_string(free_port())},
                            {"DEW_MUNGE_SOCKET", "/nonexistent/munge.socket"},
-                           {"DEW_JOIN_TIMEOUT_SECONDS", "10"}},
+                           {"DEW_JOIN_TIMEOUT_SECONDS", "3"}},
                           60s);
   EXPECT_EQ(r.exit_code, kJoinFailedExitCode) << describe(r);
   EXPECT_THAT(r.err, HasSubstr("[0] error: cannot join the pool: DEW_POOL_SECRET is not set and MUNGE cannot make a "

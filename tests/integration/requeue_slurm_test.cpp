@@ -1,0 +1,122 @@
+// Preemption and requeue: scripts/sbatch/requeue.sbatch (--requeue, dew
+// worker --resume auto) stopped mid-run by `scontrol requeue` and then by a
+// job of a higher partition tier that needs its nodes; each start resumes
+// from the last complete checkpoint, and the losses equal an uninterrupted
+// run's. The checkpoint directory is shared by the two nodes (one host here:
+// one file system; each node's TmpFS, DIR/tmp/nN, stays its own).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <thread>
+
+#include "slurm_cluster.h"
+#include "srun_output.h"
+#include "test_paths.h"
+#include "worker_helpers.h"
+
+namespace dew::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+// 40 steps of about 0.1 s on 8 devices (a checkpoint every 5 under the
+// template): a start stopped just after a checkpoint has seconds left.
+const std::vector<std::string> kTraining = {
+    "--steps", "40",   "--devices-per-process", "2",  "--width", "64", "--mlp", "128", "--length", "32",
+    "--dtype", "fp64", "--cache-dir",           "off"};
+
+// The step of the checkpoint's manifest, or 0 while there is none.
+int manifest_step(const std::string& directory) {
+  const std::string text = read_text(directory + "/manifest.json");
+  if (text.empty()) return 0;
+  try {
+    return nlohmann::json::parse(text).at("step").get<int>();
+  } catch (const std::exception&) {
+    return 0;  // being replaced right now: read again
+  }
+}
+
+// Waits until the directory holds a checkpoint past `after`; false after 60 s.
+bool wait_for_checkpoint_after(const std::string& directory, int after) {
+  for (auto until = std::chrono::steady_clock::now() + 60s; std::chrono::steady_clock::now() < until;) {
+    if (manifest_step(directory) > after) return true;
+    std::this_thread::sleep_for(20ms);
+  }
+  return false;
+}
+
+// Waits until the job has left the queue (done, whatever its end); false
+// after `limit`.
+bool wait_until_gone(const std::string& job, std::chrono::seconds limit) {
+  for (auto until = std::chrono::steady_clock::now() + limit; std::chrono::steady_clock::now() < until;) {
+    const auto r = cluster().command({"squeue", "-h", "-j", job, "-o", "%T"}, {}, 10s);
+    if (r.exit_code == 0 && r.out.empty()) return true;
+    std::this_thread::sleep_for(200ms);
+  }
+  return false;
+}
+
+TEST(RequeueSlurm, AJobRequeuedAndThenPreemptedResumesEachTimeAndMatchesAnUninterruptedRun) {
+  const std::string dir = cluster().dir() + "/requeue";
+  std::filesystem::create_directories(dir);
+  // The uninterrupted run: the same pool, command and options, no checkpoints.
+  std::vector<std::string> reference = {"--dew-pool", "-N2", "--ntasks-per-node=2", dew_exe(), "worker"};
+  reference.insert(reference.end(), kTraining.begin(), kTraining.end());
+  reference.insert(reference.end(), {"--out", dir + "/reference.json"});
+  const auto ran = cluster().srun(reference, {}, 120s);
+  ASSERT_EQ(ran.exit_code, 0) << describe(ran);
+
+  const std::string checkpoints = dir + "/checkpoints", output = dir + "/job.out";
+  std::vector<std::string> submit = {"sbatch", "--parsable", "--output=" + output,
+                                     SlurmCluster::source_root() + "/scripts/sbatch/requeue.sbatch", checkpoints};
+  submit.insert(submit.end(), kTraining.begin(), kTraining.end());
+  submit.insert(submit.end(), {"--checkpoint-every", "5", "--out", dir + "/resumed.json"});
+  const auto submitted = cluster().command(submit, {{"DEW", dew_exe()}}, 30s);
+  ASSERT_EQ(submitted.exit_code, 0) << describe(submitted);
+  const std::string job = submitted.out.substr(0, submitted.out.find_first_of(";\n"));
+
+  // 1. Requeued by hand just after its first checkpoint.
+  ASSERT_TRUE(wait_for_checkpoint_after(checkpoints, 0)) << read_text(output);
+  const int first = manifest_step(checkpoints);
+  const auto requeued = cluster().command({"scontrol", "requeue", job}, {}, 30s);
+  ASSERT_EQ(requeued.exit_code, 0) << describe(requeued);
+  // 2. Preempted, once started again and past another checkpoint, by a job
+  //    of the higher tier that needs both nodes whole.
+  ASSERT_TRUE(wait_for_checkpoint_after(checkpoints, first)) << read_text(output);
+  const auto urgent = cluster().command({"sbatch", "--parsable", "-p", "urgent", "-N2", "--exclusive",
+                                         "--output=" + dir + "/urgent.out", "--wrap", "echo the urgent job ran"},
+                                        {}, 30s);
+  ASSERT_EQ(urgent.exit_code, 0) << describe(urgent);
+  ASSERT_TRUE(wait_until_gone(job, 120s)) << read_text(output);
+
+  const std::string text = read_text(output);
+  EXPECT_THAT(text, HasSubstr("dew-requeue: start 1 of job " + job));
+  EXPECT_THAT(text, HasSubstr("dew-requeue: start 3 of job " + job));
+  EXPECT_THAT(text, HasSubstr("DUE TO JOB REQUEUE"));
+  EXPECT_THAT(text, HasSubstr("DUE TO PREEMPTION"));
+  EXPECT_THAT(text, HasSubstr("--resume auto: no checkpoint in " + checkpoints + " yet: starting at step 1"));
+  // Each later start names the checkpoint it resumed from, never step 1.
+  const std::regex resumed("resuming from the checkpoint of step ([0-9]+) in ");
+  std::vector<int> steps;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), resumed); it != std::sregex_iterator(); ++it) {
+    steps.push_back(std::stoi((*it)[1]));
+  }
+  ASSERT_EQ(steps.size(), 2u) << text;
+  EXPECT_GE(steps[0], first);
+  EXPECT_GT(steps[1], steps[0]);
+  EXPECT_LT(steps[1], 40);
+  EXPECT_THAT(read_text(dir + "/urgent.out"), HasSubstr("the urgent job ran"));
+
+  const auto want = read_report(dir + "/reference.json");
+  const auto got = read_report(dir + "/resumed.json");
+  ASSERT_EQ(got.losses.size(), 40u) << text;
+  EXPECT_EQ(got.json.value("resumed_from", 0), steps[1]);
+  EXPECT_LE(loss_gap(got.losses, want.losses), 1e-6) << text;
+}
+
+}  // namespace
+}  // namespace dew::testing
