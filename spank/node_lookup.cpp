@@ -10,7 +10,7 @@ extern "C" {
 #include <slurm/slurm.h>
 }
 
-// Provided by slurmstepd at run time (libslurmfull), declared by Slurm's own
+// Provided by srun at run time (libslurmfull), declared by Slurm's own
 // header; weak, as slurm_kill_job_step is (step_end.cpp).
 #pragma weak slurm_load_node_single
 #pragma weak slurm_free_node_info_msg

@@ -15,7 +15,8 @@ struct NodeLookup {
   std::string why_none;                     // when Slurm gave no address: why
 };
 
-// Runs in slurmstepd, once per step, before its tasks start.
+// Runs in srun, once per step (local_user_init). Not in slurmstepd: there,
+// on Slurm 24.11, the RPC's auth lock is already held and the step dies.
 NodeLookup look_up_node(const std::string& node);
 
 }  // namespace dew::spank
