@@ -320,6 +320,11 @@ int look_up_rank0_node() {
   if (!lookup.node_address) {
     slurm_info("dew: process 0's node %s does not resolve here and has no NodeAddr: %s", node.value().c_str(),
                lookup.why_none.c_str());
+  } else {
+    // Which address the pool meets at, said once per step where it is not
+    // the node's name (--dew-coordinator gives another).
+    slurm_info("dew: process 0's node %s does not resolve here: the pool's coordinator is its NodeAddr %s",
+               node.value().c_str(), lookup.node_address->c_str());
   }
   const std::string carried = node.value() + "=" + lookup.node_address.value_or("");
   return setenv(kRank0AddressCarrier, carried.c_str(), 1) == 0 ? 0 : -1;
@@ -375,9 +380,14 @@ int slurm_spank_init_post_opt(spank_t, int, char**) {
 
 // srun, once the step exists (its nodes known, SLURM_NODELIST) and before
 // the tasks' environment is taken from srun's.
-int slurm_spank_local_user_init(spank_t, int, char**) {
+int slurm_spank_local_user_init(spank_t sp, int, char**) {
   return guarded("local_user_init", [&] {
     if (spank_context() != S_CTX_LOCAL || !g_options.pool || g_options.coordinator) return 0;
+    // One task forms no pool (task_env.cpp): nothing to look up or say.
+    std::uint32_t tasks = 0;
+    if (spank_get_item(sp, S_JOB_TOTAL_TASK_COUNT, &tasks) == ESPANK_SUCCESS && tasks == 1 && !g_options.multi_host) {
+      return 0;
+    }
     return look_up_rank0_node();
   });
 }

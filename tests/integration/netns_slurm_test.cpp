@@ -1,19 +1,11 @@
-// The test cluster with nodes of their own addresses: a second two-node
-// cluster (scripts/slurm-testbed --netns), each slurmd in a network
-// namespace with its own address on a bridge, so a pool's processes on n1
-// and n2 really talk across a link, which can be shaped (tc htb). Needs root
-// (ip netns); skipped otherwise, saying so.
+// The namespaced test cluster (netns_cluster.h): nodes with addresses of
+// their own, reached by NodeAddr, and a shaped link.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <filesystem>
 #include <regex>
-#include <set>
 
-#include "process.h"
-#include "slurm_cluster.h"
-#include "srun_output.h"
+#include "netns_cluster.h"
 #include "test_paths.h"
 
 namespace dew::testing {
@@ -22,55 +14,8 @@ namespace {
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
-class NetnsCluster : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    if (geteuid() != 0) return;
-    char pattern[] = "/tmp/dew-netns-XXXXXX";
-    if (mkdtemp(pattern) == nullptr) return;
-    dir_ = pattern;
-    std::vector<std::string> argv{SlurmCluster::source_root() + "/scripts/slurm-testbed",
-                                  "start",
-                                  dir_,
-                                  "--netns",
-                                  "--plugin",
-                                  cluster().plugin()};
-    if (!cluster().slurm_root().empty()) argv.insert(argv.end(), {"--slurm-root", cluster().slurm_root()});
-    const auto started = run(argv, env(), 90s);
-    if (started.exit_code != 0) {
-      start_error_ = describe(started);
-      dir_.clear();
-    }
-  }
-  static void TearDownTestSuite() {
-    if (dir_.empty()) return;
-    const auto stopped = run({SlurmCluster::source_root() + "/scripts/slurm-testbed", "stop", dir_}, env(), 60s);
-    // Its namespaces and bridge are gone with it, whatever the tests did.
-    EXPECT_EQ(stopped.exit_code, 0) << describe(stopped);
-    EXPECT_EQ(run({"ip", "netns", "list"}).out.find("dew-"), std::string::npos) << run({"ip", "netns", "list"}).out;
-    std::error_code ignored;
-    if (!::testing::Test::HasFailure()) std::filesystem::remove_all(dir_, ignored);
-  }
-  void SetUp() override {
-    if (geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
-    ASSERT_FALSE(dir_.empty()) << "scripts/slurm-testbed start --netns failed: " << start_error_;
-  }
-  static std::map<std::string, std::string> env() {
-    return cluster().client_env({{"SLURM_CONF", dir_.empty() ? "" : dir_ + "/slurm.conf"}});
-  }
-  static RunResult srun(std::vector<std::string> args, std::chrono::seconds limit = 60s) {
-    args.insert(args.begin(), "srun");
-    return run(args, env(), limit);
-  }
-  static RunResult network(const std::vector<std::string>& args) {
-    std::vector<std::string> argv{SlurmCluster::source_root() + "/scripts/testbed-network"};
-    argv.insert(argv.end(), args.begin(), args.end());
-    return run(argv, env(), 30s);
-  }
-
-  static inline std::string dir_;
-  static inline std::string start_error_;
-};
+// The cluster's addresses and a shaped link (the faults: netns_faults_test.cpp).
+class NetnsCluster : public NetnsTestbed {};
 
 // Each node answers from an address of its own, and srun --dew-pool, with
 // no --dew-coordinator (the node names resolve nowhere), points every task
@@ -90,6 +35,16 @@ TEST_F(NetnsCluster, EachNodeHasItsOwnAddressAndThePoolReachesProcess0ByItsNodeA
   EXPECT_NE(address["0"], address["1"]);
   EXPECT_EQ(coordinator["0"], address["0"]);
   EXPECT_EQ(coordinator["1"], address["0"]);
+  // srun says which address it gave, once; not for a step of one task (no pool).
+  EXPECT_EQ(occurrences(r.err,
+                        "srun: dew: process 0's node n1 does not resolve here: the pool's coordinator is its "
+                        "NodeAddr " +
+                            address["0"] + "\n"),
+            1)
+      << r.err;
+  const auto alone = srun({"--dew-pool", "-n1", "true"});
+  EXPECT_EQ(alone.exit_code, 0) << describe(alone);
+  EXPECT_THAT(alone.err, ::testing::Not(HasSubstr("NodeAddr")));
 
   const auto pool = srun({"--dew-pool", "-N2", "--ntasks-per-node=2", pool_worker(), "exchange"});
   ASSERT_EQ(pool.exit_code, 0) << describe(pool);
