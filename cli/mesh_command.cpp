@@ -34,20 +34,6 @@ struct MeshOptions {
 };
 
 // The topology's GPUs as one process and one granule (the file's).
-Result<std::vector<int>> parse_devices(const std::string& text) {
-  std::vector<int> ids;
-  for (const auto& entry : split(text, ',')) {
-    const auto id = entry.size() <= 9 ? parse_whole<int>(entry) : std::nullopt;
-    if (!id) {
-      return invalid_argument("--devices: '" + entry + "' in '" + text +
-                              "' is not allowed; allowed: device ids (whole numbers >= 0) separated by commas, such as "
-                              "0,2,1,3");
-    }
-    ids.push_back(*id);
-  }
-  return ids;
-}
-
 Result<mesh::DeviceGraph> load_graph(const MeshOptions& options) {
   if (options.processes != 0 || options.devices_per_process != 0) {
     if (options.processes < 1 || options.devices_per_process < 1 ||
@@ -164,8 +150,8 @@ int run(const MeshOptions& options) {
   if (!spec.ok()) return fail(spec.error());
   std::optional<std::vector<int>> order;
   if (!options.devices.empty()) {
-    auto ids = parse_devices(options.devices);
-    if (!ids.ok()) return fail(ids.error());
+    auto ids = mesh::parse_device_order(options.devices);
+    if (!ids.ok()) return fail(ids.error().prefixed("--devices: "));
     order = ids.value();
   }
   if (options.pool) return run_pool(spec.value(), order, options.json);

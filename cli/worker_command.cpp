@@ -117,6 +117,9 @@ void add_worker_command(CLI::App& app) {
   command->add_option("--mesh", o.mesh,
                       "MeshSpec over every device: {\"fsdp\": 2, \"replicas\": 2} or fsdp=2,replicas=2 (axes data, "
                       "fsdp, tensor, sequence and replicas; default: data over every device)");
+  command->add_option("--devices", o.devices,
+                      "Fill the mesh row-major in exactly this order of the pool's devices, such as 0,4,1,5,2,6,3,7 "
+                      "(no placement: an axis on the links you choose; default: placed on the fastest links)");
   command->add_option("--devices-per-process", o.devices_per_process,
                       "CPU devices per process, one thread each (default 1)");
   command->add_option("--steps", o.steps, "Training steps (default 20)");

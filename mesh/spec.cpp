@@ -190,6 +190,20 @@ Result<MeshSpec> parse_mesh_spec_pairs(std::string_view text) {
   return builder.spec();
 }
 
+Result<std::vector<int>> parse_device_order(std::string_view text) {
+  std::vector<int> ids;
+  for (const auto& entry : split(text, ',')) {
+    const auto id = entry.size() <= 9 ? parse_whole<int>(entry) : std::nullopt;
+    if (!id) {
+      return invalid_argument(quote(entry) + " in " + quote(text) +
+                              " is not allowed; allowed: device ids (whole numbers >= 0) separated by commas, such as "
+                              "0,2,1,3");
+    }
+    ids.push_back(*id);
+  }
+  return ids;
+}
+
 Result<MeshSpec> parse_mesh_spec(std::string_view text) {
   const std::string_view body = trim(text);
   if (!body.empty() && (body.front() == '{' || body.front() == '[')) {

@@ -6,8 +6,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "dew/attention.h"
 #include "dew/axes.h"
@@ -153,7 +155,13 @@ Result<mesh::Mesh> plan_layout(const WorkerOptions& o, int processes) {
                          "allowed: data, fsdp, tensor, sequence and replicas");
     }
   }
-  auto built = mesh::build_mesh(spec.value(), mesh::cpu_pool(processes, o.devices_per_process));
+  std::optional<std::vector<int>> order;
+  if (!o.devices.empty()) {
+    auto ids = mesh::parse_device_order(o.devices);
+    if (!ids.ok()) return ids.error().prefixed("--devices: ");
+    order = ids.value();
+  }
+  auto built = mesh::build_mesh(spec.value(), mesh::cpu_pool(processes, o.devices_per_process), order);
   if (!built.ok()) {
     return built.error().prefixed("--mesh over " + counted(processes * o.devices_per_process, "device") + " (" +
                                   counted(processes, "process", "processes") + " x " +

@@ -44,6 +44,10 @@ struct MeshSpec {
 Result<MeshSpec> parse_mesh_spec(std::string_view text);
 Result<MeshSpec> parse_mesh_spec_json(std::string_view text);
 Result<MeshSpec> parse_mesh_spec_pairs(std::string_view text);
+// A device order for build_mesh (dew mesh --devices, dew worker --devices):
+// device ids separated by commas, such as 0,2,1,3. The error names the bad
+// entry and the allowed form; the caller prefixes its option's name.
+Result<std::vector<int>> parse_device_order(std::string_view text);
 // key=value form of the axes that are set, then replicas when not 1;
 // parse_mesh_spec reads it back to the same spec.
 std::string format_mesh_spec(const MeshSpec& spec);

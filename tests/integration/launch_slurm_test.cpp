@@ -31,7 +31,8 @@ TEST(LaunchSlurm, WithThePluginRanksComeFromThePool) {
     EXPECT_EQ(i.id, rank);
     EXPECT_EQ(i.count, 4);
     EXPECT_EQ(i.local_count, 2);
-    EXPECT_THAT(i.coord, MatchesRegex("127.0.0.1:[0-9]+"));  // n1's NodeAddr: its name resolves nowhere
+    // n1's NodeAddr: its name resolves nowhere.
+    EXPECT_THAT(i.coord, MatchesRegex(cluster().node_address("n1") + ":[0-9]+"));
     EXPECT_THAT(i.secret, MatchesRegex("[0-9a-f]{64}"));
     EXPECT_THAT(r.out, HasSubstr("[" + std::to_string(rank) +
                                  "] greeting=it's $(not run) node=" + std::to_string(rank / 2) + "\n"));
@@ -63,7 +64,7 @@ TEST(LaunchSlurm, ARuntimePoolsFailureGivesTheFailingRanksCodeAndOnePrefix) {
   // launcher exits with rank 1's own code, read from srun's lines.
   auto r = cluster().command(
       {"salloc", "-N2", "--ntasks-per-node=2", "--quiet", dew_exe(), "launch", "--slurm", "--processes-per-host", "2",
-       "--coordinator", "127.0.0.1", "--", pool_worker(), "fail", "1", "3"},
+       "--coordinator", cluster().node_address("n1"), "--", pool_worker(), "fail", "1", "3"},
       {}, 60s);
   EXPECT_EQ(r.exit_code, 3) << describe(r);
   EXPECT_THAT(r.err, HasSubstr("[1] error: data loader raised on rank 1")) << describe(r);
@@ -111,10 +112,10 @@ TEST(LaunchSlurm, WithoutThePluginTheLauncherGivesThePoolItsSecretAndCoordinator
   // coordinator from --coordinator (the node names of this one-host cluster
   // do not resolve).
   const std::map<std::string, std::string> env = {{"SLURM_CONF", conf_without_plugin()}};
-  auto r =
-      cluster().command({"salloc", "-N2", "--ntasks-per-node=2", "--quiet", dew_exe(), "launch", "--slurm",
-                         "--processes-per-host", "2", "--coordinator", "127.0.0.1", "--", pool_worker(), "exchange"},
-                        env, 60s);
+  auto r = cluster().command(
+      {"salloc", "-N2", "--ntasks-per-node=2", "--quiet", dew_exe(), "launch", "--slurm", "--processes-per-host", "2",
+       "--coordinator", cluster().node_address("n1"), "--", pool_worker(), "exchange"},
+      env, 60s);
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   EXPECT_EQ(occurrences(r.out, "gather=rank 0|rank 1|rank 2|rank 3 squares=0,1,4,9"), 4) << describe(r);
   EXPECT_THAT(r.err, HasSubstr("[3] Joined the pool: process 3 of 4 (slurm, tcp)")) << describe(r);

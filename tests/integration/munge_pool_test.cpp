@@ -51,21 +51,23 @@ TEST(MungeAuth, ASealedSecretOpensOnceForItsOwnStepOnly) {
 }
 
 TEST(SlurmPool, PlainSrunWithoutASecretJoinsThroughMunge) {
-  auto r = cluster().srun(
-      {"-N2", "--ntasks-per-node=2", pool_worker(), "exchange"},
-      {{"DEW_COORDINATOR_ADDRESS", "127.0.0.1:" + std::to_string(free_port())}, {"DEW_MUNGE_SOCKET", munge_socket()}},
-      60s);
+  auto r =
+      cluster().srun({"-N2", "--ntasks-per-node=2", pool_worker(), "exchange"},
+                     {{"DEW_COORDINATOR_ADDRESS", cluster().node_address("n1") + ":" + std::to_string(free_port())},
+                      {"DEW_MUNGE_SOCKET", munge_socket()}},
+                     60s);
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   EXPECT_EQ(occurrences(r.out, "gather=rank 0|rank 1|rank 2|rank 3 squares=0,1,4,9"), 4) << r.out;
   EXPECT_EQ(r.err.find("DEW_POOL_SECRET"), std::string::npos) << r.err;
 }
 
 TEST(SlurmPool, PlainSrunWithoutMungeOrASecretSaysWhatToSet) {
-  auto r = cluster().srun({"-N2", "--ntasks-per-node=2", pool_worker(), "exchange"},
-                          {{"DEW_COORDINATOR_ADDRESS", "127.0.0.1:" + std::to_string(free_port())},
-                           {"DEW_MUNGE_SOCKET", "/nonexistent/munge.socket"},
-                           {"DEW_JOIN_TIMEOUT_SECONDS", "3"}},
-                          60s);
+  auto r =
+      cluster().srun({"-N2", "--ntasks-per-node=2", pool_worker(), "exchange"},
+                     {{"DEW_COORDINATOR_ADDRESS", cluster().node_address("n1") + ":" + std::to_string(free_port())},
+                      {"DEW_MUNGE_SOCKET", "/nonexistent/munge.socket"},
+                      {"DEW_JOIN_TIMEOUT_SECONDS", "3"}},
+                     60s);
   EXPECT_EQ(r.exit_code, kJoinFailedExitCode) << describe(r);
   EXPECT_THAT(r.err, HasSubstr("[0] error: cannot join the pool: DEW_POOL_SECRET is not set and MUNGE cannot make a "
                                "credential"));

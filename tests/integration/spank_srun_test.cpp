@@ -26,12 +26,13 @@ using namespace std::chrono_literals;
 
 // How the other nodes reach process 0's node: by its name where that
 // resolves, else by its NodeAddr from Slurm. The test cluster's node names
-// (n1, n2) resolve nowhere, and both nodes' NodeAddr is 127.0.0.1.
+// (n1, n2) resolve nowhere; their NodeAddr is 127.0.0.1 (each node's own
+// on a --netns cluster).
 std::string reached_as(const std::string& node) {
   addrinfo* found = nullptr;
   const bool resolves = getaddrinfo(node.c_str(), nullptr, nullptr, &found) == 0;
   if (found != nullptr) freeaddrinfo(found);
-  return resolves ? node : "127.0.0.1";
+  return resolves ? node : cluster().node_address(node);
 }
 
 const std::vector<std::string> kDewVariables = {"DEW_PROCESS_ID",

@@ -56,9 +56,18 @@ TEST(WorkerSlurm, TheHybridPoolMatchesOneProcessUnderEveryLauncher) {
   }
   // dew launch --slurm inside an allocation (the plugin gives the pool).
   const std::string out = dir / "launch.json";
-  std::vector<std::string> args = {"salloc",    "-N2",     "--ntasks-per-node=2",  "--quiet", dew_exe(),
-                                   "launch",    "--slurm", "--processes-per-host", "2",       "--coordinator",
-                                   "127.0.0.1", "--"};
+  std::vector<std::string> args = {"salloc",
+                                   "-N2",
+                                   "--ntasks-per-node=2",
+                                   "--quiet",
+                                   dew_exe(),
+                                   "launch",
+                                   "--slurm",
+                                   "--processes-per-host",
+                                   "2",
+                                   "--coordinator",
+                                   cluster().node_address("n1"),
+                                   "--"};
   const auto worker = worker_args(out);
   args.insert(args.end(), worker.begin(), worker.end());
   auto r = cluster().command(args, {}, 120s);

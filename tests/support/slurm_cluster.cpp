@@ -121,6 +121,15 @@ RunResult SlurmCluster::command(const std::vector<std::string>& argv, std::map<s
   return run(argv, client_env(std::move(extra_env)), timeout);
 }
 
+std::string SlurmCluster::node_address(const std::string& node) const {
+  const auto shown = command({"scontrol", "show", "node", node});
+  std::smatch found;
+  if (!std::regex_search(shown.out, found, std::regex("NodeAddr=(\\S+)"))) {
+    throw std::runtime_error("scontrol show node " + node + " gave no NodeAddr: " + shown.out + shown.err);
+  }
+  return found[1];
+}
+
 void SlurmCluster::set_plugstack_args(const std::string& args) const {
   write_file(dir_ + "/plugstack.conf", "required " + plugin_ + (args.empty() ? "" : " " + args) + "\n");
 }

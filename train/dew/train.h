@@ -83,6 +83,9 @@ enum class Resume { kNo, kAlways, kIfAny };
 
 struct WorkerOptions {
   std::string mesh;  // a MeshSpec (JSON or axis=n,...); empty: data over every device
+  // Device ids filling the mesh row-major, as given (no placement; replicas
+  // 1), such as 0,4,1,5,...: an axis put on chosen links. Empty: placed.
+  std::string devices;
   int devices_per_process = 1;
   int steps = 20;
   int batch = 8;  // sequences per step, over the whole pool

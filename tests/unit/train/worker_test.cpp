@@ -49,6 +49,29 @@ TEST(Worker, EveryKindOfLayoutTrainsAsOneDevice) {
   }
 }
 
+// --devices fills the mesh in the order given (no placement): the sequence
+// axis on devices 0,4 / 1,5 / ... (across what would be two nodes), trained
+// as the placed layout trains; a bad order names the entry and the form.
+TEST(Worker, AGivenDeviceOrderLaysTheMeshOutAsGivenAndTrainsTheSame) {
+  auto placed = run_worker(alone(), small("sequence=2,fsdp=4"));
+  ASSERT_TRUE(placed.ok()) << placed.error().message;
+  WorkerOptions across = small("sequence=2,fsdp=4");
+  across.devices = "0,4,1,5,2,6,3,7";
+  auto run = run_worker(alone(), across);
+  ASSERT_TRUE(run.ok()) << run.error().message;
+  EXPECT_EQ(run.value().mesh.devices, (std::vector<int>{0, 4, 1, 5, 2, 6, 3, 7}));
+  EXPECT_NE(placed.value().mesh.devices, run.value().mesh.devices);
+  const auto a = losses_of(run.value()), b = losses_of(placed.value());
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t k = 0; k < a.size(); ++k) EXPECT_NEAR(a[k], b[k], 1e-12) << "step " << k + 1;
+
+  across.devices = "0,4,x";
+  auto bad = run_worker(alone(), across);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.error().message, ::testing::HasSubstr("--devices: 'x' in '0,4,x' is not allowed; allowed: device "
+                                                        "ids (whole numbers >= 0) separated by commas"));
+}
+
 TEST(Worker, ACheckpointResumesIntoAnotherLayout) {
   const std::string dir = std::filesystem::temp_directory_path() / ("dew-worker-test-" + std::to_string(::getpid()));
   auto straight = run_worker(alone(), small("fsdp=8"));
