@@ -383,9 +383,9 @@ int slurm_spank_init_post_opt(spank_t, int, char**) {
 int slurm_spank_local_user_init(spank_t sp, int, char**) {
   return guarded("local_user_init", [&] {
     if (spank_context() != S_CTX_LOCAL || !g_options.pool || g_options.coordinator) return 0;
-    // One task forms no pool (task_env.cpp): nothing to look up or say.
+    // A step that forms no pool has nothing to look up or say.
     std::uint32_t tasks = 0;
-    if (spank_get_item(sp, S_JOB_TOTAL_TASK_COUNT, &tasks) == ESPANK_SUCCESS && tasks == 1 && !g_options.multi_host) {
+    if (spank_get_item(sp, S_JOB_TOTAL_TASK_COUNT, &tasks) == ESPANK_SUCCESS && !forms_pool(tasks, g_options)) {
       return 0;
     }
     return look_up_rank0_node();

@@ -95,9 +95,9 @@ struct TaskFacts {
   std::optional<std::string> tres_bind;        // SLURMD_TRES_BIND
   std::optional<std::string> gpus_per_task;    // SLURM_GPUS_PER_TASK
   std::optional<std::string> xla_flags;        // XLA_FLAGS
-  // Process 0's node, looked up by slurmstepd once per step (not when
-  // --dew-coordinator names the host): whether its name resolves here, and
-  // else its NodeAddr from Slurm (nullopt: Slurm gave none).
+  // Process 0's node: whether its name resolves here, and else its NodeAddr,
+  // looked up by srun once per step and carried to the tasks (not when
+  // --dew-coordinator names the host; nullopt: Slurm gave none).
   bool rank0_name_resolves = true;
   std::optional<std::string> rank0_node_address;
 };
@@ -107,6 +107,12 @@ struct EnvPlan {
   std::vector<std::string> unset;
   std::vector<std::string> notes;  // for slurmd's log (debug level)
 };
+
+// Whether a step of `task_count` tasks forms a pool: one task runs alone
+// unless asked (--dew-multi-host, multi_host in the design).
+inline bool forms_pool(std::uint32_t task_count, const PoolOptions& options) {
+  return task_count > 1 || options.multi_host;
+}
 
 // The host that runs rank 0, for distributions where that is known: the
 // --dew-coordinator given, else process 0's node name where it resolves,

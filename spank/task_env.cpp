@@ -68,8 +68,7 @@ Result<EnvPlan> plan_task_environment(const TaskFacts& facts, const PoolOptions&
   }
   EnvPlan plan;
   auto set = [&plan](std::string name, std::string value) { plan.set.emplace_back(std::move(name), std::move(value)); };
-  // One task forms no pool unless asked (multi_host in the design): it runs alone.
-  const bool pool = facts.task_count > 1 || options.multi_host;
+  const bool pool = forms_pool(facts.task_count, options);
   set("DEW_PROCESS_ID", pool ? std::to_string(facts.global_task) : "0");
   set("DEW_PROCESS_COUNT", pool ? std::to_string(facts.task_count) : "1");
   set("DEW_LOCAL_PROCESS_ID", pool ? std::to_string(facts.local_task) : "0");

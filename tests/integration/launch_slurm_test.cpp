@@ -27,12 +27,13 @@ TEST(LaunchSlurm, WithThePluginRanksComeFromThePool) {
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   auto ids = identities(r.out);
   ASSERT_EQ(ids.size(), 4u) << describe(r);
+  const std::string n1 = cluster().node_address("n1");
   for (const auto& [rank, i] : ids) {
     EXPECT_EQ(i.id, rank);
     EXPECT_EQ(i.count, 4);
     EXPECT_EQ(i.local_count, 2);
     // n1's NodeAddr: its name resolves nowhere.
-    EXPECT_THAT(i.coord, MatchesRegex(cluster().node_address("n1") + ":[0-9]+"));
+    EXPECT_THAT(i.coord, MatchesRegex(n1 + ":[0-9]+"));
     EXPECT_THAT(i.secret, MatchesRegex("[0-9a-f]{64}"));
     EXPECT_THAT(r.out, HasSubstr("[" + std::to_string(rank) +
                                  "] greeting=it's $(not run) node=" + std::to_string(rank / 2) + "\n"));
