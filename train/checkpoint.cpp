@@ -239,7 +239,10 @@ Result<Done> check_resumable(const Manifest& m, const WorkerOptions& o) {
   if (m.learning_rate != o.learning_rate) {
     return differs("--learning-rate", std::to_string(m.learning_rate), std::to_string(o.learning_rate));
   }
-  if (m.step >= o.steps) {
+  // A requeued job whose last start saved its final step (stopped before it
+  // could exit) is complete: --resume auto has nothing left to train.
+  const bool complete = m.step == o.steps && o.resume == Resume::kIfAny;
+  if (m.step >= o.steps && !complete) {
     return invalid_argument("--resume: the checkpoint is at step " + std::to_string(m.step) + " and --steps is " +
                             std::to_string(o.steps) + "; allowed: --steps above " + std::to_string(m.step));
   }

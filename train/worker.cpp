@@ -93,8 +93,15 @@ Result<std::optional<Checkpoint>> prepare_checkpoints(runtime::Pool& pool, const
     return peer_failed("process " + std::to_string(r) + " refused the checkpoint: " + verdicts[r]);
   }
   if (pool.rank() == 0) {
-    log_info("resuming from the checkpoint of step " + std::to_string(loaded.value().manifest.step) + " in " +
-             o.checkpoint_dir + " (its size, digest and binding verified by every process)");
+    const int step = loaded.value().manifest.step;
+    const std::string verified = " (its size, digest and binding verified by every process)";
+    if (step == o.steps) {
+      log_info("--resume auto: the checkpoint in " + o.checkpoint_dir + " is of step " + std::to_string(step) +
+               ", the last of --steps " + std::to_string(o.steps) + verified +
+               ": the training is complete, nothing left to train");
+    } else {
+      log_info("resuming from the checkpoint of step " + std::to_string(step) + " in " + o.checkpoint_dir + verified);
+    }
   }
   return std::optional<Checkpoint>(std::move(loaded.value()));
 }

@@ -11,6 +11,8 @@
 
 #include <filesystem>
 #include <map>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -24,6 +26,7 @@ class NetnsTestbed : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     if (geteuid() != 0) return;
+    namespaces_before_ = namespace_names();
     char pattern[] = "/tmp/dew-netns-XXXXXX";
     if (mkdtemp(pattern) == nullptr) return;
     dir_ = pattern;
@@ -46,10 +49,20 @@ class NetnsTestbed : public ::testing::Test {
         run({SlurmCluster::source_root() + "/scripts/slurm-testbed", "stop", dir_}, env(), std::chrono::seconds(60));
     // Its namespaces and bridge are gone with it, whatever the tests did.
     EXPECT_EQ(stopped.exit_code, 0) << describe(stopped);
-    EXPECT_EQ(run({"ip", "netns", "list"}).out.find("dew-"), std::string::npos) << run({"ip", "netns", "list"}).out;
+    // (The main cluster's, started before, stay.)
+    EXPECT_EQ(namespace_names(), namespaces_before_) << run({"ip", "netns", "list"}).out;
     std::error_code ignored;
     if (!::testing::Test::HasFailure()) std::filesystem::remove_all(dir_, ignored);
     dir_.clear();
+  }
+  // The network namespaces on this machine, by name.
+  static std::set<std::string> namespace_names() {
+    std::set<std::string> names;
+    std::istringstream lines(run({"ip", "netns", "list"}).out);
+    for (std::string line; std::getline(lines, line);) {
+      if (!line.empty()) names.insert(line.substr(0, line.find(' ')));
+    }
+    return names;
   }
   void SetUp() override {
     if (geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
@@ -75,6 +88,7 @@ class NetnsTestbed : public ::testing::Test {
 
   static inline std::string dir_;
   static inline std::string start_error_;
+  static inline std::set<std::string> namespaces_before_;
 };
 
 }  // namespace dew::testing

@@ -6,8 +6,10 @@
 // one file system; each node's TmpFS, DIR/tmp/nN, stays its own).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <thread>
@@ -60,6 +62,24 @@ bool wait_until_gone(const std::string& job, std::chrono::seconds limit) {
   return false;
 }
 
+// Stops (SIGSTOP) the `dew` processes of `job`: a start frozen past its
+// checkpoint stays mid-run however long Slurm takes to preempt it (on a fast
+// machine the 40 steps were otherwise all done first). Slurm's ending of a
+// job sends SIGCONT before SIGTERM, as for any stopped task. Returns how many.
+int freeze_job(const std::string& job, const std::string& program) {
+  int frozen = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string proc = entry.path();
+    std::ifstream cmdline(proc + "/cmdline"), environ(proc + "/environ");
+    std::string argv0, variable;
+    if (!cmdline || !std::getline(cmdline, argv0, '\0') || argv0 != program) continue;
+    bool ours = false;
+    while (!ours && std::getline(environ, variable, '\0')) ours = variable == "SLURM_JOB_ID=" + job;
+    if (ours && ::kill(std::stoi(entry.path().filename()), SIGSTOP) == 0) ++frozen;
+  }
+  return frozen;
+}
+
 TEST(RequeueSlurm, AJobRequeuedAndThenPreemptedResumesEachTimeAndMatchesAnUninterruptedRun) {
   const std::string dir = cluster().dir() + "/requeue";
   std::filesystem::create_directories(dir);
@@ -87,6 +107,7 @@ TEST(RequeueSlurm, AJobRequeuedAndThenPreemptedResumesEachTimeAndMatchesAnUninte
   // 2. Preempted, once started again and past another checkpoint, by a job
   //    of the higher tier that needs both nodes whole.
   ASSERT_TRUE(wait_for_checkpoint_after(checkpoints, first)) << read_text(output);
+  EXPECT_EQ(freeze_job(job, dew_exe()), 4) << read_text(output);
   const auto urgent = cluster().command({"sbatch", "--parsable", "-p", "urgent", "-N2", "--exclusive",
                                          "--output=" + dir + "/urgent.out", "--wrap", "echo the urgent job ran"},
                                         {}, 30s);

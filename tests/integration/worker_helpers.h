@@ -77,9 +77,11 @@ inline RunResult launch_worker(int processes, std::vector<std::string> worker_ar
 // A small tmpfs of its own, unmounted whatever happens (root only: mount).
 class SmallDisk {
  public:
-  explicit SmallDisk(const std::string& size) {
-    char pattern[] = "/tmp/dew-small-disk-XXXXXX";
-    if (::mkdtemp(pattern) == nullptr) return;
+  // Under `parent`: a test cluster's directory, where a mount reaches its
+  // nodes' own mount namespaces (scripts/slurm-testbed --netns).
+  explicit SmallDisk(const std::string& size, const std::string& parent = "/tmp") {
+    std::string pattern = parent + "/dew-small-disk-XXXXXX";
+    if (::mkdtemp(pattern.data()) == nullptr) return;
     dir_ = pattern;
     mounted_ = run({"mount", "-t", "tmpfs", "-o", "size=" + size, "tmpfs", dir_}).exit_code == 0;
   }

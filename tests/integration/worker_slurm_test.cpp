@@ -128,13 +128,13 @@ TEST(WorkerSlurm, ALoaderThatThrowsEndsTheStepNamingItsRank) {
 }
 
 // Issue 26's culprit under srun --dew-pool: a disk full on process 0 (a
-// small tmpfs for the checkpoints; the test nodes share this host's /tmp),
-// then on rank 2 alone (its own mount namespace over the step directory, as
-// under dew launch). The plugin names the rank whose write failed, with its
+// small tmpfs for the checkpoints, under the cluster's directory, which its
+// nodes share), then on rank 2 alone (its own mount namespace over the step
+// directory, as under dew launch). The plugin names the rank whose write failed, with its
 // line, every run; no peer blames its broken collective.
 TEST(WorkerSlurm, ADiskFullIsPinnedOnTheRankWhoseWriteFailed) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root (mount, unshare -m)";
-  SmallDisk disk("404k");
+  SmallDisk disk("404k", cluster().dir());
   ASSERT_TRUE(disk.mounted());
   TempDir dir;
   for (int run_number = 0; run_number < 3; ++run_number) {

@@ -69,6 +69,10 @@ void SlurmCluster::start() {
   dir_ = pattern;
   std::vector<std::string> argv{source_root() + "/scripts/slurm-testbed", "start", dir_, "--plugin", plugin_};
   if (!slurm_root_.empty()) argv.insert(argv.end(), {"--slurm-root", slurm_root_});
+  // As root (CI), nodes as on a real cluster: each in its own network
+  // namespace with an address, a host name and a resolver of its own; srun
+  // and slurmctld stay on this machine, where the node names do not resolve.
+  if (geteuid() == 0) argv.push_back("--netns");
   auto started = run(argv, client_env(), std::chrono::seconds(90));
   std::cerr << started.out << started.err;
   if (started.exit_code != 0) {

@@ -35,8 +35,8 @@ class SlurmCluster {
   RunResult command(const std::vector<std::string>& argv, std::map<std::string, std::string> extra_env = {},
                     std::chrono::milliseconds timeout = std::chrono::seconds(60)) const;
 
-  // The address other nodes reach `node` at: its NodeAddr (127.0.0.1 for
-  // both nodes here; each node's own on a --netns cluster).
+  // The address other nodes reach `node` at: its NodeAddr (each node's own
+  // when run as root, where the cluster is --netns; else 127.0.0.1).
   std::string node_address(const std::string& node) const;
 
   // Rewrites the plugstack.conf that slurmstepd reads for new steps.

@@ -30,12 +30,14 @@ struct GroupDeviation {
   std::string group;
   double deviation = 0;  // max |layout - reference| over the group's values
   double floor = 0;      // max |reordered - reference| over the same values
-  bool pass = false;     // deviation <= factor x floor + slack
+  double scale = 0;      // max |reference| over them
+  bool pass = false;     // deviation <= factor x floor + slack x max(1, scale)
 };
 
 // Every step's loss and step 1's gradient (capture_gradient) of `layout`
 // against the reference and the reordered reference. slack: values this
-// close count as equal whatever the floor (a few units in the last place).
+// close count as equal whatever the floor (a few units in the last place),
+// relative to the group's largest value above 1.
 std::vector<GroupDeviation> compare_to_reference(const WorkerReport& layout, const WorkerReport& reference,
                                                  const WorkerReport& reordered, double factor, double slack);
 

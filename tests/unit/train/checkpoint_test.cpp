@@ -182,6 +182,12 @@ TEST(Checkpoint, ManifestRoundTripAndResumeRules) {
   o.dtype = Dtype::kFloat32;
   o.steps = 10;
   EXPECT_THAT(check_resumable(back.value(), o).error().message, HasSubstr("allowed: --steps above 10"));
+  // --resume auto (a requeued job's next start) on its own final step: complete, nothing to train.
+  o.resume = Resume::kIfAny;
+  EXPECT_TRUE(check_resumable(back.value(), o).ok());
+  o.steps = 9;
+  EXPECT_THAT(check_resumable(back.value(), o).error().message, HasSubstr("allowed: --steps above 10"));
+  o.resume = Resume::kNo;
   EXPECT_THAT(read_manifest(dir.path + "/none").error().message, HasSubstr("no complete checkpoint"));
   EXPECT_THAT(read_state(dir.path + "/step-000011/state.bin", 5).error().message, HasSubstr("cannot read"));
 }

@@ -52,5 +52,23 @@ TEST(Parity, ALayoutPassesWithinTheFloorAndFailsPastIt) {
   EXPECT_FALSE(compare_to_reference(no_gradient, reference, reordered, 8, 0)[1].pass);
 }
 
+// The slack is relative above 1: a loss of 4 off by 3e-9 (a floor that happened to be 1.5e-10) is a few units in
+// its last place; a gradient value of 0.1 off by as much is not.
+TEST(Parity, TheSlackGrowsWithTheValue) {
+  const std::vector<double> gradient = {0.1, 0.2, 0.3, 0.4, 0.5};
+  const auto reference = report_of({4.0, 4.0}, gradient);
+  const auto reordered = report_of({4.0 + 1.5e-10, 4.0}, gradient);
+  const auto layout = report_of({4.0 + 3e-9, 4.0}, {0.1 + 3e-9, 0.2, 0.3, 0.4, 0.5});
+  const auto groups = compare_to_reference(layout, reference, reordered, 8, 1e-9);
+  EXPECT_TRUE(groups[0].pass) << groups[0].group << " " << groups[0].deviation << " scale " << groups[0].scale;
+  EXPECT_EQ(groups[0].scale, 4.0);
+  EXPECT_FALSE(compare_to_reference(report_of({4.0 + 6e-9, 4.0}, gradient), reference, reordered, 8, 1e-9)[0].pass);
+  for (const auto& g : groups) {
+    if (g.group != "loss" && g.deviation > 0) {
+      EXPECT_FALSE(g.pass) << g.group;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dew::train

@@ -93,5 +93,23 @@ TEST(Worker, ACheckpointResumesIntoAnotherLayout) {
   std::filesystem::remove_all(dir);
 }
 
+// A requeued job stopped after saving its final step starts again: --resume
+// auto finds the run complete, trains nothing and reports the whole run.
+TEST(Worker, ResumeAutoOnTheFinalStepsCheckpointIsCompleteNotAnError) {
+  const std::string dir = std::filesystem::temp_directory_path() / ("dew-worker-done-" + std::to_string(::getpid()));
+  WorkerOptions o = small("fsdp=8");
+  o.checkpoint_dir = dir;
+  o.checkpoint_every = o.steps;
+  auto whole = run_worker(alone(), o);
+  ASSERT_TRUE(whole.ok()) << whole.error().message;
+  o.resume = Resume::kIfAny;
+  auto again = run_worker(alone(), o);
+  ASSERT_TRUE(again.ok()) << again.error().message;
+  EXPECT_EQ(again.value().resumed_from, o.steps);
+  EXPECT_EQ(again.value().steps.size(), 0u) << "nothing trained";
+  EXPECT_EQ(losses_of(again.value()), losses_of(whole.value()));
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace dew::train
