@@ -93,6 +93,18 @@ class TempDir {
   std::string path_;
 };
 
+// The root of the private directories `dew launch --private-dirs` said it
+// made ("" if it said none), and removed: a test leaves nothing in /tmp.
+inline std::string remove_private_dirs(const std::string& launcher_err) {
+  std::smatch m;
+  if (!std::regex_search(launcher_err, m, std::regex("private directories: (/tmp/dew-launch-[0-9a-f]{12})/"))) {
+    return "";
+  }
+  std::error_code ignored;
+  std::filesystem::remove_all(m[1].str(), ignored);
+  return m[1];
+}
+
 inline bool alive(pid_t pid) { return kill(pid, 0) == 0; }
 
 // Waits until every pid named in the files is gone; false after `limit`.

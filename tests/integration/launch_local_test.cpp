@@ -231,7 +231,7 @@ TEST(LaunchLocal, PrivateDirsGiveEachProcessItsOwnDirectoryHomeAndCache) {
     EXPECT_TRUE(std::filesystem::is_directory(base + "/home"));
     EXPECT_TRUE(std::filesystem::is_directory(base + "/cache"));
   }
-  std::filesystem::remove_all(root);
+  EXPECT_EQ(remove_private_dirs(r.err), root);
 }
 
 TEST(LaunchLocal, DryRunPrintsTheExactCommandsAndRunsNothing) {

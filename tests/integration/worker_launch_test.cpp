@@ -283,9 +283,11 @@ TEST(WorkerCheckpoints, PrivateDirectoriesKeepTheirOwnHomeAndShareTheCheckpointD
   EXPECT_THAT(own.err, HasSubstr("--checkpoint-dir: directory 'ck' is not one directory shared by all 2 processes: "
                                  "process 0 sees the tokens of processes 0; process 1 sees the tokens of processes 1"));
   EXPECT_EQ(occurrences(own.err, "step 1/"), 0);
+  remove_private_dirs(own.err);
   auto shared = dew_launch({"--private-dirs", "--processes-per-host", "2", "--", "/bin/sh", "-c",
                             dew_exe() + " worker --steps 2 --checkpoint-dir " + dir / "ck" +
                                 " --checkpoint-every 1 --out " + dir / "out.json && echo home=$HOME cwd=$(pwd)"});
+  remove_private_dirs(shared.err);
   ASSERT_EQ(shared.exit_code, 0) << describe(shared);
   EXPECT_THAT(read_text(dir / "ck/manifest.json"), HasSubstr("\"step\": 2,"));
   const std::regex home(R"(\[(\d)\] home=(\S+) cwd=(\S+))");
