@@ -260,7 +260,10 @@ Result<DeviceResult> train_typed(ProcessRun& run, int local) {
   auto place = place_of(run.mesh, o, device);
   if (!place.ok()) return place.error();
   const DevicePlace& p = place.value();
-  auto comms = make_communicators(run.pool, run.mesh, p);
+  // Nothing to train (--resume auto on the final step's checkpoint): no
+  // communicators, whose connecting a peer's prompt end would cut short.
+  const bool nothing_to_train = run.start_step >= o.steps;
+  auto comms = nothing_to_train ? Result<Communicators>(Communicators{}) : make_communicators(run.pool, run.mesh, p);
   if (!comms.ok()) return comms.error();
   DeviceResult result;
   auto plan = plan_exchange(o, p.sequence.size, p.tensor.size);

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -121,6 +122,7 @@ TEST(TopoCommand, ACorruptFileIsOneLineNamingTheFile) {
   auto result = topo({"--topology", path, "--json"});
   EXPECT_EQ(result.exit_code, 1);
   EXPECT_EQ(result.out, "");
+  std::remove(path.c_str());
   EXPECT_THAT(result.err, StartsWith("dew topo: " + path + ": truncated XML: it ends before </topology> ("));
   EXPECT_EQ(result.err.find('\n'), result.err.size() - 1) << result.err;
 }
