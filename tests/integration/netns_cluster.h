@@ -82,8 +82,11 @@ class NetnsTestbed : public ::testing::Test {
   }
   // The cluster's client environment, plus `extra` (DEW_* settings reach
   // the tasks: srun exports the environment).
+  // DEW_TEST_CLUSTER marks this cluster's tasks (srun passes the
+  // environment on): other shards' processes run on this machine too.
   static std::map<std::string, std::string> env(std::map<std::string, std::string> extra = {}) {
-    auto all = cluster().client_env({{"SLURM_CONF", dir_.empty() ? "" : dir_ + "/slurm.conf"}});
+    auto all =
+        cluster().client_env({{"SLURM_CONF", dir_.empty() ? "" : dir_ + "/slurm.conf"}, {"DEW_TEST_CLUSTER", dir_}});
     for (auto& [name, value] : extra) all[name] = value;
     return all;
   }

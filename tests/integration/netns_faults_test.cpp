@@ -54,16 +54,22 @@ class NetnsFaults : public NetnsTestbed {
     return true;
   }
 
-  // Processes on this machine (every node's: namespaces share the process
-  // table) whose first argument is `program`.
+  // This cluster's processes on this machine (every node's: namespaces
+  // share the process table) whose first argument is `program`: those
+  // whose environment has this cluster's DEW_TEST_CLUSTER (env()).
   static int processes_of(const std::string& program) {
     int count = 0;
     DIR* proc = opendir("/proc");
     if (proc == nullptr) return -1;
+    const std::string mark = "DEW_TEST_CLUSTER=" + dir_;
     while (const dirent* entry = readdir(proc)) {
-      std::ifstream cmdline(std::string("/proc/") + entry->d_name + "/cmdline");
-      std::string argv0;
-      if (cmdline && std::getline(cmdline, argv0, '\0') && argv0 == program) ++count;
+      const std::string path = std::string("/proc/") + entry->d_name;
+      std::ifstream cmdline(path + "/cmdline"), environ(path + "/environ");
+      std::string argv0, variable;
+      if (!cmdline || !std::getline(cmdline, argv0, '\0') || argv0 != program) continue;
+      bool ours = false;
+      while (!ours && std::getline(environ, variable, '\0')) ours = variable == mark;
+      count += ours;
     }
     closedir(proc);
     return count;

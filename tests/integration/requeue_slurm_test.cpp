@@ -12,6 +12,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 #include <thread>
 
 #include "slurm_cluster.h"
@@ -65,17 +66,20 @@ bool wait_until_gone(const std::string& job, std::chrono::seconds limit) {
 // Stops (SIGSTOP) the `dew` processes of `job`: a start frozen past its
 // checkpoint stays mid-run however long Slurm takes to preempt it (on a fast
 // machine the 40 steps were otherwise all done first). Slurm's ending of a
-// job sends SIGCONT before SIGTERM, as for any stopped task. Returns how many.
+// job sends SIGCONT before SIGTERM, as for any stopped task. Only this
+// cluster's (SLURM_CONF): another shard's cluster may have a job of the same
+// id. Returns how many.
 int freeze_job(const std::string& job, const std::string& program) {
   int frozen = 0;
+  const std::set<std::string> marks = {"SLURM_JOB_ID=" + job, "SLURM_CONF=" + cluster().dir() + "/slurm.conf"};
   for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
     const std::string proc = entry.path();
     std::ifstream cmdline(proc + "/cmdline"), environ(proc + "/environ");
     std::string argv0, variable;
     if (!cmdline || !std::getline(cmdline, argv0, '\0') || argv0 != program) continue;
-    bool ours = false;
-    while (!ours && std::getline(environ, variable, '\0')) ours = variable == "SLURM_JOB_ID=" + job;
-    if (ours && ::kill(std::stoi(entry.path().filename()), SIGSTOP) == 0) ++frozen;
+    std::size_t found = 0;
+    while (std::getline(environ, variable, '\0')) found += marks.count(variable);
+    if (found == marks.size() && ::kill(std::stoi(entry.path().filename()), SIGSTOP) == 0) ++frozen;
   }
   return frozen;
 }
