@@ -81,9 +81,8 @@ class NetnsTestbed : public ::testing::Test {
     ASSERT_FALSE(dir_.empty()) << "scripts/slurm-testbed start --netns failed: " << start_error_;
   }
   // The cluster's client environment, plus `extra` (DEW_* settings reach
-  // the tasks: srun exports the environment).
-  // DEW_TEST_CLUSTER marks this cluster's tasks (srun passes the
-  // environment on): other shards' processes run on this machine too.
+  // the tasks: srun exports the environment), and DEW_TEST_CLUSTER, which
+  // marks this cluster's tasks among other shards' processes.
   static std::map<std::string, std::string> env(std::map<std::string, std::string> extra = {}) {
     auto all =
         cluster().client_env({{"SLURM_CONF", dir_.empty() ? "" : dir_ + "/slurm.conf"}, {"DEW_TEST_CLUSTER", dir_}});

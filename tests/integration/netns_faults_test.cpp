@@ -8,7 +8,6 @@
 // send srun its tasks' exits, and plain srun waits until Slurm sets the node
 // DOWN (SlurmdTimeout: 10 s on this cluster, 27 s from the cut to srun's
 // end; 300 s by default), which these tests leave to the README.
-#include <dirent.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -54,25 +53,10 @@ class NetnsFaults : public NetnsTestbed {
     return true;
   }
 
-  // This cluster's processes on this machine (every node's: namespaces
-  // share the process table) whose first argument is `program`: those
-  // whose environment has this cluster's DEW_TEST_CLUSTER (env()).
+  // This cluster's processes of `program` (every node's): those whose
+  // environment has this cluster's DEW_TEST_CLUSTER (env()).
   static int processes_of(const std::string& program) {
-    int count = 0;
-    DIR* proc = opendir("/proc");
-    if (proc == nullptr) return -1;
-    const std::string mark = "DEW_TEST_CLUSTER=" + dir_;
-    while (const dirent* entry = readdir(proc)) {
-      const std::string path = std::string("/proc/") + entry->d_name;
-      std::ifstream cmdline(path + "/cmdline"), environ(path + "/environ");
-      std::string argv0, variable;
-      if (!cmdline || !std::getline(cmdline, argv0, '\0') || argv0 != program) continue;
-      bool ours = false;
-      while (!ours && std::getline(environ, variable, '\0')) ours = variable == mark;
-      count += ours;
-    }
-    closedir(proc);
-    return count;
+    return int(processes_with(program, {"DEW_TEST_CLUSTER=" + dir_}).size());
   }
 
   // Seconds from `since` until no process of `program` is left (-1: some

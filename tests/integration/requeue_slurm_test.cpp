@@ -9,10 +9,8 @@
 #include <signal.h>
 
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
-#include <set>
 #include <thread>
 
 #include "slurm_cluster.h"
@@ -71,15 +69,9 @@ bool wait_until_gone(const std::string& job, std::chrono::seconds limit) {
 // id. Returns how many.
 int freeze_job(const std::string& job, const std::string& program) {
   int frozen = 0;
-  const std::set<std::string> marks = {"SLURM_JOB_ID=" + job, "SLURM_CONF=" + cluster().dir() + "/slurm.conf"};
-  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-    const std::string proc = entry.path();
-    std::ifstream cmdline(proc + "/cmdline"), environ(proc + "/environ");
-    std::string argv0, variable;
-    if (!cmdline || !std::getline(cmdline, argv0, '\0') || argv0 != program) continue;
-    std::size_t found = 0;
-    while (std::getline(environ, variable, '\0')) found += marks.count(variable);
-    if (found == marks.size() && ::kill(std::stoi(entry.path().filename()), SIGSTOP) == 0) ++frozen;
+  for (const int pid :
+       processes_with(program, {"SLURM_JOB_ID=" + job, "SLURM_CONF=" + cluster().dir() + "/slurm.conf"})) {
+    frozen += ::kill(pid, SIGSTOP) == 0;
   }
   return frozen;
 }

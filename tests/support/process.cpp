@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -129,6 +130,21 @@ std::uint16_t free_loopback_port() {
   getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size);
   close(fd);
   return ntohs(address.sin_port);
+}
+
+std::vector<int> processes_with(const std::string& program, const std::set<std::string>& variables) {
+  std::vector<int> found;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", error)) {
+    const std::string path = entry.path();
+    std::ifstream cmdline(path + "/cmdline"), environ(path + "/environ");
+    std::string argv0, variable;
+    if (!cmdline || !std::getline(cmdline, argv0, '\0') || argv0 != program) continue;
+    std::size_t held = 0;
+    while (std::getline(environ, variable, '\0')) held += variables.count(variable);
+    if (held == variables.size()) found.push_back(std::stoi(entry.path().filename()));
+  }
+  return found;
 }
 
 int occurrences(const std::string& text, const std::string& needle) {

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,11 @@ class Spawned {
 // A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, read
 // back, released): for tests that start their own servers.
 std::uint16_t free_loopback_port();
+
+// The processes on this machine whose first argument is `program` and whose
+// environment holds every one of `variables` ("NAME=value"): a test's own
+// among those of other tests and shards (namespaces share the process table).
+std::vector<int> processes_with(const std::string& program, const std::set<std::string>& variables);
 
 // How many times `needle` occurs in `text`.
 int occurrences(const std::string& text, const std::string& needle);

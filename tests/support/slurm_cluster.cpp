@@ -71,7 +71,7 @@ void SlurmCluster::start() {
   if (!slurm_root_.empty()) argv.insert(argv.end(), {"--slurm-root", slurm_root_});
   // As root (CI), nodes as on a real cluster: each in its own network
   // namespace with an address, a host name and a resolver of its own; srun
-  // and slurmctld stay on this machine, where the node names do not resolve.
+  // stays on this machine, where the node names do not resolve.
   if (geteuid() == 0) argv.push_back("--netns");
   auto started = run(argv, client_env(), std::chrono::seconds(90));
   std::cerr << started.out << started.err;

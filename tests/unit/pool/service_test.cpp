@@ -99,25 +99,18 @@ TEST(CoordinationService, LargeGathersArriveWholeInRankOrder) {
     EXPECT_THAT(rank->out(), HasSubstr("GATHER ok: 3 rounds of 4 parts of 3145728 bytes"));
 }
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kAddressSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
+#if defined(__has_feature)
+#define DEW_HAS_FEATURE(name) __has_feature(name)
+#else
+#define DEW_HAS_FEATURE(name) 0
+#endif
+#if defined(__SANITIZE_ADDRESS__) || DEW_HAS_FEATURE(address_sanitizer)
 constexpr bool kAddressSanitizer = true;
 #else
 constexpr bool kAddressSanitizer = false;
 #endif
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
-#if defined(__SANITIZE_THREAD__)
+#if defined(__SANITIZE_THREAD__) || DEW_HAS_FEATURE(thread_sanitizer)
 constexpr bool kThreadSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-constexpr bool kThreadSanitizer = true;
-#else
-constexpr bool kThreadSanitizer = false;
-#endif
 #else
 constexpr bool kThreadSanitizer = false;
 #endif
