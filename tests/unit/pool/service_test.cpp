@@ -144,7 +144,9 @@ TEST(CoordinationService, AFloodOfStrangersIsCappedInCountAndMemoryAndARealJoinS
                                               {"DEW_COORDINATOR_ADDRESS", "127.0.0.1:" + std::to_string(port)},
                                               {"DEW_POOL_SECRET", dew::testing::kSecret}};
   };
-  dew::testing::Spawned zero({"sh", "-c", "ulimit -n 20000 2>/dev/null; exec \"$0\" hold 1", dew::testing::worker()},
+  // Process 0 holds 8 s after the join, so its memory after the flood is
+  // read while it runs (it had exited by then, and the check held vacuously).
+  dew::testing::Spawned zero({"sh", "-c", "ulimit -n 20000 2>/dev/null; exec \"$0\" hold 8", dew::testing::worker()},
                              env_of(0));
   std::unique_ptr<dew::testing::RawClient> probe;
   for (int i = 0; i < 200 && !(probe && probe->connected()); ++i) {
@@ -180,6 +182,7 @@ TEST(CoordinationService, AFloodOfStrangersIsCappedInCountAndMemoryAndARealJoinS
   strangers.clear();
   std::this_thread::sleep_for(500ms);
   const double after = status_mib(zero.pid(), "VmRSS");
+  ASSERT_GT(after, 0) << "process 0 ended before its memory after the flood was read\n" << zero.err();
   std::printf("process 0: %.1f MiB idle, %.1f beside %d strangers, %.1f after; process 1 joined in %.3f s\n", idle,
               flooded, flood, after, joined_in);
   EXPECT_LT(flooded - idle, 64) << "process 0: " << idle << " MiB idle, " << flooded << " MiB beside " << flood
