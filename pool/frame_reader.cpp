@@ -20,40 +20,50 @@ std::string receive_error(ssize_t n) {
 FrameReader::FrameReader(int fd, std::size_t limit, std::string leftover, std::string key)
     : fd_(fd), limit_(limit), buffer_(std::move(leftover)), key_(std::move(key)) {}
 
+// A frame is decoded once, when it and its tag are all in: until then only
+// its header is looked at (decode_views refuses a bad length or type at
+// once, without walking items), and the rest is read in one fill.
 std::optional<wire::Frame> FrameReader::next(std::string& error) {
+  const std::size_t tag = key_.empty() ? 0 : auth::kTagBytes;
   for (;;) {
     auto decoded = wire::decode_views(buffer_, limit_);
-    if (decoded.status == wire::DecodeStatus::kFrame) {
-      if (!key_.empty()) {
-        if (!fill(decoded.consumed + auth::kTagBytes, error)) return std::nullopt;
-        decoded = wire::decode_views(buffer_, limit_);  // the buffer may have moved
-        const std::string_view frame = std::string_view(buffer_).substr(0, decoded.consumed);
-        const std::size_t head = wire::head_bytes(frame);
-        auth::TailDigest tail;
-        tail.add(frame.substr(head));
-        wire::Frame whole{decoded.type, std::vector<std::string>(decoded.items.begin(), decoded.items.end())};
-        const std::string head_bytes(frame.substr(0, head));
-        buffer_.erase(0, decoded.consumed);
-        if (!take_tag(head_bytes, tail.finish(), whole.type, error)) return std::nullopt;
-        return whole;
-      }
-      wire::Frame whole{decoded.type, std::vector<std::string>(decoded.items.begin(), decoded.items.end())};
-      buffer_.erase(0, decoded.consumed);
-      return whole;
-    }
     if (decoded.status == wire::DecodeStatus::kBad) {
       error = decoded.error;
       return std::nullopt;
     }
-    // decode() has checked the length and the type once both are there.
-    const auto size = wire::announced_size(buffer_);
-    if (size && *size > kStreamAbove && buffer_.size() > wire::kHeaderBytes) return stream(*size, error);
-    if (!fill(buffer_.size() + 1, error)) return std::nullopt;
+    if (decoded.status == wire::DecodeStatus::kNeedMore) {
+      // decode_views has checked the length and the type once both are there.
+      const auto size = wire::announced_size(buffer_);
+      const bool checked = size && buffer_.size() > wire::kHeaderBytes;
+      if (checked && *size > kStreamAbove) return stream(*size, error);
+      if (!fill(checked ? *size + tag : buffer_.size() + 1, error)) return std::nullopt;
+      continue;
+    }
+    if (buffer_.size() < decoded.consumed + tag) {
+      if (!fill(decoded.consumed + tag, error)) return std::nullopt;
+      continue;  // the buffer may have moved
+    }
+    wire::Frame whole{decoded.type, std::vector<std::string>(decoded.items.begin(), decoded.items.end())};
+    if (tag == 0) {
+      buffer_.erase(0, decoded.consumed);
+      return whole;
+    }
+    const std::string_view frame = std::string_view(buffer_).substr(0, decoded.consumed);
+    const std::size_t head = wire::head_bytes(frame);
+    auth::TailDigest tail;
+    tail.add(frame.substr(head));
+    const std::string head_bytes(frame.substr(0, head));
+    buffer_.erase(0, decoded.consumed);
+    if (!take_tag(head_bytes, tail.finish(), whole.type, error)) return std::nullopt;
+    return whole;
   }
 }
 
 bool FrameReader::buffered() const {
-  return wire::decode_views(buffer_, limit_).status != wire::DecodeStatus::kNeedMore;
+  // A whole frame, or bytes decode_views refuses without walking them.
+  const auto size = wire::announced_size(buffer_);
+  if (size && buffer_.size() >= *size) return true;
+  return wire::decode_views(buffer_, limit_).status == wire::DecodeStatus::kBad;
 }
 
 bool FrameReader::take_tag(std::string_view head, const auth::Digest& tail, wire::Type type, std::string& error) {

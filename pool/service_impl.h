@@ -79,15 +79,18 @@ struct CoordinationService::Impl {
   };
   using SessionPtr = std::shared_ptr<Session>;
 
-  // A request waiting for an answer. Its timer's handler may already be
-  // queued when the answer comes (an expired timer cannot be cancelled), so
-  // handlers find their waiter again by id and do nothing if it is gone:
-  // no handler holds an iterator or a reference into the containers.
+  // A request waiting for an answer until its deadline (its patience). A
+  // get has a timer of its own; a round's waiters share the round's. A
+  // timer's handler may already be queued when the answer comes (an expired
+  // timer cannot be cancelled), so handlers find their waiter or round again
+  // by id or name and do nothing if it is gone: no handler holds an iterator
+  // or a reference into the containers.
   struct Waiter {
     std::uint64_t id = 0;
     SessionPtr session;
     std::string request;
-    std::shared_ptr<asio::steady_timer> timer;
+    Clock::time_point deadline;
+    std::shared_ptr<asio::steady_timer> timer;  // a get's
   };
   // When a round began (its first arrival) and when it is next said to be
   // slow: at slow_after, then at twice, four times ... that wait.
@@ -95,15 +98,20 @@ struct CoordinationService::Impl {
     Clock::time_point started = Clock::now();
     Clock::duration next_word{};
   };
-  struct Agreement {
-    std::set<int> arrived;
+  // An agreement's or a gather's waiters and one timer, set for the earliest
+  // deadline among them: a round of 1024 processes sets one timer, not 1024
+  // that are each set, cancelled and run.
+  struct Round {
     std::vector<Waiter> waiters;
     Slowness slowness;
+    std::unique_ptr<asio::steady_timer> timer;
+    Clock::time_point timer_at = Clock::time_point::max();
   };
-  struct Gathering {
+  struct Agreement : Round {
+    std::set<int> arrived;
+  };
+  struct Gathering : Round {
     std::map<int, Part> parts;
-    std::vector<Waiter> waiters;
-    Slowness slowness;
   };
 
   // Notices about connections from outside the pool, at most one line a
@@ -195,10 +203,18 @@ struct CoordinationService::Impl {
   void handle_gather(const SessionPtr& session, const std::string& request, const std::string& round,
                      std::string_view patience, Part part);
   void complete_gather(const std::string& round);
-  std::shared_ptr<asio::steady_timer> timer_for(std::string_view patience_item);
-  // Removes the waiter `id`; nullopt if it was answered meanwhile.
-  static std::optional<Waiter> take_waiter(std::vector<Waiter>& waiters, std::uint64_t id);
+  static Clock::time_point deadline_of(std::string_view patience_item);
+  // Adds a waiter to round `name` of `rounds` and sets the round's timer
+  // when its deadline is the earliest.
+  template <typename R>
+  void wait_in(std::map<std::string, R>& rounds, const std::string& name, Waiter waiter);
+  // Answers the round's waiters whose patience has run out (the processes
+  // still missing), and sets the timer for the next deadline.
+  template <typename R>
+  void time_out(std::map<std::string, R>& rounds, const std::string& name);
   std::vector<int> missing_from(const std::set<int>& arrived) const;
+  static std::set<int> arrived_in(const Agreement& agreement) { return agreement.arrived; }
+  static std::set<int> arrived_in(const Gathering& gathering);
   // The first failure wins; it goes to every connected process, and to any
   // that connects later.
   void publish(PeerFailure failed);

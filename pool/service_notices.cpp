@@ -101,11 +101,7 @@ void CoordinationService::Impl::say_slow_rounds(Clock::time_point now) {
         " (" + std::to_string(arrived.size()) + " of " + std::to_string(config.size) + " processes arrived)");
   };
   for (auto& [name, agreement] : agreements) say(name, agreement.slowness, agreement.arrived);
-  for (auto& [name, gathering] : gatherings) {
-    std::set<int> arrived;
-    for (const auto& entry : gathering.parts) arrived.insert(entry.first);
-    say(name, gathering.slowness, arrived);
-  }
+  for (auto& [name, gathering] : gatherings) say(name, gathering.slowness, arrived_in(gathering));
 }
 
 void CoordinationService::Impl::note_gap(Session& session, Clock::time_point now) {

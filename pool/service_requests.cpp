@@ -45,21 +45,51 @@ void CoordinationService::Impl::handle_put(wire::Frame& frame) {
   kv[key] = std::move(frame.items[1]);
 }
 
-std::optional<CoordinationService::Impl::Waiter> CoordinationService::Impl::take_waiter(std::vector<Waiter>& waiters,
-                                                                                        std::uint64_t id) {
-  auto it = std::find_if(waiters.begin(), waiters.end(), [id](const Waiter& w) { return w.id == id; });
-  if (it == waiters.end()) return std::nullopt;
-  Waiter waiter = std::move(*it);
-  waiters.erase(it);
-  return waiter;
+CoordinationService::Impl::Clock::time_point CoordinationService::Impl::deadline_of(std::string_view patience_item) {
+  // Patience is bounded by what a steady_clock can add (a day is typical).
+  const auto ms = wire::decode_u64(patience_item).value_or(0);
+  return Clock::now() + std::chrono::milliseconds(std::min<std::uint64_t>(ms, 1ULL << 40));
 }
 
-std::shared_ptr<asio::steady_timer> CoordinationService::Impl::timer_for(std::string_view patience_item) {
-  const auto ms = wire::decode_u64(patience_item).value_or(0);
-  auto timer = std::make_shared<asio::steady_timer>(io);
-  // Patience is bounded by what a steady_clock can add (a day is typical).
-  timer->expires_after(std::chrono::milliseconds(std::min<std::uint64_t>(ms, 1ULL << 40)));
-  return timer;
+std::set<int> CoordinationService::Impl::arrived_in(const Gathering& gathering) {
+  std::set<int> arrived;
+  for (const auto& entry : gathering.parts) arrived.insert(entry.first);
+  return arrived;
+}
+
+template <typename R>
+void CoordinationService::Impl::wait_in(std::map<std::string, R>& rounds, const std::string& name, Waiter waiter) {
+  R& round = rounds.at(name);
+  const auto deadline = waiter.deadline;
+  round.waiters.push_back(std::move(waiter));
+  if (deadline >= round.timer_at) return;
+  if (!round.timer) round.timer = std::make_unique<asio::steady_timer>(io);
+  round.timer_at = deadline;
+  round.timer->expires_at(deadline);  // cancels the wait for a later deadline
+  round.timer->async_wait([this, &rounds, name](std::error_code ec) {
+    if (!ec) time_out(rounds, name);
+  });
+}
+
+template <typename R>
+void CoordinationService::Impl::time_out(std::map<std::string, R>& rounds, const std::string& name) {
+  auto found = rounds.find(name);
+  if (found == rounds.end()) return;  // answered after the timer had expired
+  R& round = found->second;
+  const auto now = Clock::now();
+  std::vector<Waiter> waiting;
+  std::string missing;
+  for (auto& waiter : round.waiters) {
+    if (waiter.deadline > now) {
+      waiting.push_back(std::move(waiter));
+      continue;
+    }
+    if (missing.empty()) missing = dew::join(missing_from(arrived_in(round)), ",");
+    send(waiter.session, wire::Frame{wire::Type::kAgreeTimeout, {waiter.request, missing}});
+  }
+  round.waiters.clear();
+  round.timer_at = Clock::time_point::max();
+  for (auto& waiter : waiting) wait_in(rounds, name, std::move(waiter));
 }
 
 void CoordinationService::Impl::handle_get(const SessionPtr& session, const wire::Frame& frame) {
@@ -68,10 +98,10 @@ void CoordinationService::Impl::handle_get(const SessionPtr& session, const wire
     send(session, wire::Frame{wire::Type::kValue, {frame.items[0], found->second}});
     return;
   }
-  auto timer = timer_for(frame.items[2]);
   const std::uint64_t id = next_waiter++;
-  gets.emplace(key, Waiter{id, session, frame.items[0], timer});
-  timer->async_wait([this, key, id](std::error_code ec) {
+  Waiter waiter{id, session, frame.items[0], deadline_of(frame.items[2]), std::make_shared<asio::steady_timer>(io)};
+  waiter.timer->expires_at(waiter.deadline);
+  waiter.timer->async_wait([this, key, id](std::error_code ec) {
     if (ec) return;  // cancelled: answered
     auto range = gets.equal_range(key);
     auto it = std::find_if(range.first, range.second, [id](const auto& entry) { return entry.second.id == id; });
@@ -79,6 +109,7 @@ void CoordinationService::Impl::handle_get(const SessionPtr& session, const wire
     send(it->second.session, wire::Frame{wire::Type::kNotFound, {it->second.request}});
     gets.erase(it);
   });
+  gets.emplace(key, std::move(waiter));
 }
 
 std::vector<int> CoordinationService::Impl::missing_from(const std::set<int>& arrived) const {
@@ -94,50 +125,25 @@ void CoordinationService::Impl::handle_agree(const SessionPtr& session, const wi
   Agreement& agreement = agreements[name];
   agreement.arrived.insert(session->rank);
   if (static_cast<int>(agreement.arrived.size()) == config.size) {
-    for (auto& waiter : agreement.waiters) {
-      waiter.timer->cancel();
-      send(waiter.session, wire::Frame{wire::Type::kAgreed, {waiter.request}});
-    }
+    for (auto& waiter : agreement.waiters) send(waiter.session, wire::Frame{wire::Type::kAgreed, {waiter.request}});
     send(session, wire::Frame{wire::Type::kAgreed, {frame.items[0]}});
-    agreements.erase(name);
+    agreements.erase(name);  // and its timer, whose wait ends cancelled
     return;
   }
-  auto timer = timer_for(frame.items[2]);
-  const std::uint64_t id = next_waiter++;
-  agreement.waiters.push_back(Waiter{id, session, frame.items[0], timer});
-  timer->async_wait([this, name, id](std::error_code ec) {
-    if (ec) return;
-    auto found = agreements.find(name);
-    if (found == agreements.end()) return;
-    if (auto waiter = take_waiter(found->second.waiters, id)) {
-      send(waiter->session, wire::Frame{wire::Type::kAgreeTimeout,
-                                        {waiter->request, dew::join(missing_from(found->second.arrived), ",")}});
-    }
-  });
+  wait_in(agreements, name, Waiter{next_waiter++, session, frame.items[0], deadline_of(frame.items[2]), nullptr});
 }
 
 void CoordinationService::Impl::handle_gather(const SessionPtr& session, const std::string& request,
                                               const std::string& round, std::string_view patience, Part part) {
   Gathering& gathering = gatherings[round];
   gathering.parts[session->rank] = std::move(part);
-  auto timer = timer_for(patience);
-  const std::uint64_t id = next_waiter++;
-  gathering.waiters.push_back(Waiter{id, session, request, timer});
-  if (static_cast<int>(gathering.parts.size()) == config.size) {
-    complete_gather(round);
+  Waiter waiter{next_waiter++, session, request, deadline_of(patience), nullptr};
+  if (static_cast<int>(gathering.parts.size()) < config.size) {
+    wait_in(gatherings, round, std::move(waiter));
     return;
   }
-  timer->async_wait([this, round, id](std::error_code ec) {
-    if (ec) return;
-    auto found = gatherings.find(round);
-    if (found == gatherings.end()) return;
-    auto waiter = take_waiter(found->second.waiters, id);
-    if (!waiter) return;
-    std::set<int> arrived;
-    for (auto& [rank, part] : found->second.parts) arrived.insert(rank);
-    send(waiter->session,
-         wire::Frame{wire::Type::kAgreeTimeout, {waiter->request, dew::join(missing_from(arrived), ",")}});
-  });
+  gathering.waiters.push_back(std::move(waiter));
+  complete_gather(round);
 }
 
 // Every process gets the same parts: each reply is its own head followed by
@@ -187,7 +193,6 @@ void CoordinationService::Impl::complete_gather(const std::string& round) {
   end_run();
   const auto tail_digest = digest.finish();
   for (auto& waiter : gathering.waiters) {
-    waiter.timer->cancel();
     send_shared(waiter.session, wire::encode_head(wire::Type::kGathered, {waiter.request}, bytes), tail, tail_digest);
   }
   gatherings.erase(round);

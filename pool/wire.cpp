@@ -157,26 +157,32 @@ DecodedViews decode_views(std::string_view buffer, std::size_t max_frame_bytes) 
 
   const std::string_view body = buffer.substr(kHeaderBytes, length);
   result.type = static_cast<Type>(type_byte);
-  const std::string kind(type_name(result.type));
-  std::size_t at = 1;
-  while (at < body.size()) {
-    if (body.size() - at < 4) return bad("truncated item length in a " + kind + " frame");
+  const auto kind = [&] { return std::string(type_name(result.type)); };
+  // Checked and counted first, so the views take one allocation (a gather's
+  // reply carries an item per process) and a refused frame none.
+  std::size_t count = 0;
+  for (std::size_t at = 1; at < body.size(); ++count) {
+    if (body.size() - at < 4) return bad("truncated item length in a " + kind() + " frame");
     const std::size_t item_length = get_u32(body, at);
     at += 4;
     if (item_length > body.size() - at) {
-      return bad("item of " + std::to_string(item_length) + " bytes overruns its " + kind + " frame");
+      return bad("item of " + std::to_string(item_length) + " bytes overruns its " + kind() + " frame");
     }
-    result.items.push_back(body.substr(at, item_length));
     at += item_length;
   }
-  if (!item_count_allowed(result.type, result.items.size())) {
+  if (!item_count_allowed(result.type, count)) {
     const Shape& shape = kShapes[type_byte];
-    return bad(kind + " frame with " + std::to_string(result.items.size()) +
-               " items (allowed: " + std::to_string(shape.min_items) +
+    return bad(kind() + " frame with " + std::to_string(count) + " items (allowed: " + std::to_string(shape.min_items) +
                (shape.max_items == kAny              ? " or more"
                 : shape.max_items == shape.min_items ? ""
                                                      : "-" + std::to_string(shape.max_items)) +
                ")");
+  }
+  result.items.reserve(count);
+  for (std::size_t at = 1; at < body.size();) {
+    const std::size_t item_length = get_u32(body, at);
+    result.items.push_back(body.substr(at + 4, item_length));
+    at += 4 + item_length;
   }
   result.status = DecodeStatus::kFrame;
   result.consumed = kHeaderBytes + length;

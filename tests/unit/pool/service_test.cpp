@@ -11,6 +11,7 @@
 #include <sstream>
 #include <thread>
 
+#include "coordination.h"
 #include "local_pool.h"
 
 namespace {
@@ -125,6 +126,64 @@ double status_mib(int pid, const std::string& name) {
     if (line.rfind(name + ":", 0) == 0) return std::stod(line.substr(name.size() + 1)) / 1024;
   }
   return -1;
+}
+
+// A round's waiters share one timer, set for the earliest patience: each
+// waiter still runs out of its own, the earlier one not held until the later,
+// the later one not answered at the earlier's, both naming the process that
+// never came; for an agreement and for a gather.
+TEST(CoordinationService, EachWaiterOfARoundRunsOutOfItsOwnPatience) {
+  using dew::runtime::ClientConfig;
+  using dew::runtime::CoordinationClient;
+  using dew::runtime::CoordinationService;
+  dew::runtime::ServiceConfig config;
+  config.size = 3;
+  config.secret = dew::testing::kSecret;
+  auto service = CoordinationService::start(config);
+  ASSERT_TRUE(service.ok()) << service.error().message;
+  auto connect = [&](int rank) {
+    ClientConfig client;
+    client.host = "127.0.0.1";
+    client.port = service.value()->port();
+    client.rank = rank;
+    client.size = 3;
+    client.secret = dew::testing::kSecret;
+    auto connected = CoordinationClient::connect(client);
+    EXPECT_TRUE(connected.ok()) << connected.error().message;
+    return std::move(connected.value());
+  };
+  const auto one = connect(1);
+  const auto two = connect(2);
+  for (const bool gather : {false, true}) {
+    struct Wait {
+      std::vector<int> missing;
+      double seconds = 0;
+    };
+    auto wait = [gather](CoordinationClient& client, std::chrono::milliseconds patience, Wait& out) {
+      const auto start = std::chrono::steady_clock::now();
+      if (gather) {
+        EXPECT_TRUE(client.gather("gather#0", "part", patience, out.missing).ok());
+      } else {
+        auto missing = client.agree("round#0", patience);
+        EXPECT_TRUE(missing.ok());
+        if (missing.ok()) out.missing = missing.value();
+      }
+      out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    };
+    Wait early, late;
+    std::thread first([&] { wait(*one, 300ms, early); });
+    std::this_thread::sleep_for(50ms);  // the later patience arrives second, as it would from a slower process
+    std::thread second([&] { wait(*two, 900ms, late); });
+    first.join();
+    second.join();
+    const char* what = gather ? "gather" : "agreement";
+    EXPECT_EQ(early.missing, std::vector<int>{0}) << what;
+    EXPECT_EQ(late.missing, std::vector<int>{0}) << what;
+    EXPECT_GE(early.seconds, 0.29) << what;
+    EXPECT_LT(early.seconds, 0.85) << what << ": held until the later patience";
+    EXPECT_GE(late.seconds, 0.89) << what << ": answered at the earlier patience";
+    EXPECT_LT(late.seconds, 3.0) << what;
+  }
 }
 
 // 10,000 connections that never authenticate (before the cap: 660 MB in
