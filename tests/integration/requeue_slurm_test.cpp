@@ -95,8 +95,12 @@ TEST(RequeueSlurm, AJobRequeuedAndThenPreemptedResumesEachTimeAndMatchesAnUninte
   ASSERT_EQ(submitted.exit_code, 0) << describe(submitted);
   const std::string job = submitted.out.substr(0, submitted.out.find_first_of(";\n"));
 
-  // 1. Requeued by hand just after its first checkpoint.
+  // 1. Requeued by hand just after its first checkpoint, frozen there first:
+  //    a step takes 20 ms here, and on a loaded machine the first start had
+  //    written another checkpoint before the requeue landed, which the wait
+  //    below then took for the second start's.
   ASSERT_TRUE(wait_for_checkpoint_after(checkpoints, 0)) << read_text(output);
+  EXPECT_EQ(freeze_job(job, dew_exe()), 4) << read_text(output);
   const int first = manifest_step(checkpoints);
   const auto requeued = cluster().command({"scontrol", "requeue", job}, {}, 30s);
   ASSERT_EQ(requeued.exit_code, 0) << describe(requeued);
