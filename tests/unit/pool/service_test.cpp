@@ -150,10 +150,11 @@ TEST(CoordinationService, EachWaiterOfARoundRunsOutOfItsOwnPatience) {
     client.secret = dew::testing::kSecret;
     auto connected = CoordinationClient::connect(client);
     EXPECT_TRUE(connected.ok()) << connected.error().message;
-    return std::move(connected.value());
+    return connected.ok() ? std::move(connected.value()) : nullptr;
   };
   const auto one = connect(1);
   const auto two = connect(2);
+  ASSERT_TRUE(one && two);
   for (const bool gather : {false, true}) {
     struct Wait {
       std::vector<int> missing;
