@@ -9,7 +9,8 @@
 //                                srun: draw the step's pool secret
 //   slurm_spank_task_init        slurmstepd, per task, before exec: the task's environment
 //   slurm_spank_task_exit        slurmstepd, per task: kill-on-bad-exit
-//   slurm_spank_exit             slurmstepd: the step ender's thread stops
+//   slurm_spank_local_user_init  srun, once the step exists: process 0's node address; srun's watch starts
+//   slurm_spank_exit             slurmstepd: the step ender's thread stops; srun: its watch stops
 #include <unistd.h>
 
 #include <chrono>
@@ -36,6 +37,7 @@ extern const unsigned int spank_plugin_version = 0;
 #include "dew/slurm_step.h"
 #include "node_lookup.h"
 #include "pool_plan.h"
+#include "srun_watch.h"
 #include "step_end.h"
 
 namespace dew::spank {
@@ -61,6 +63,9 @@ PoolOptions g_options;
 // ended the step or seen it end, and what ends it.
 bool g_step_ending = false;
 StepEnder g_step_ender;
+// Per srun of a pool step: ends srun when Slurm has ended the step but
+// some tasks' exits never reached srun (srun_watch.h).
+SrunWatcher g_srun_watcher;
 
 void report(const Error& error) { slurm_error("dew: %s", error.message.c_str()); }
 
@@ -382,13 +387,15 @@ int slurm_spank_init_post_opt(spank_t, int, char**) {
 // the tasks' environment is taken from srun's.
 int slurm_spank_local_user_init(spank_t sp, int, char**) {
   return guarded("local_user_init", [&] {
-    if (spank_context() != S_CTX_LOCAL || !g_options.pool || g_options.coordinator) return 0;
-    // A step that forms no pool has nothing to look up or say.
+    if (spank_context() != S_CTX_LOCAL || !g_options.pool) return 0;
+    // A step that forms no pool has nothing to look up, say or watch.
     std::uint32_t tasks = 0;
     if (spank_get_item(sp, S_JOB_TOTAL_TASK_COUNT, &tasks) == ESPANK_SUCCESS && !forms_pool(tasks, g_options)) {
       return 0;
     }
-    return look_up_rank0_node();
+    std::uint32_t job = 0, step = 0;
+    if (get_item(sp, S_JOB_ID, job) && get_item(sp, S_JOB_STEPID, step)) g_srun_watcher.start(job, step);
+    return g_options.coordinator ? 0 : look_up_rank0_node();
   });
 }
 
@@ -405,6 +412,7 @@ int slurm_spank_task_exit(spank_t sp, int, char**) {
 int slurm_spank_exit(spank_t, int, char**) {
   return guarded("exit", [&] {
     if (spank_context() == S_CTX_REMOTE) g_step_ender.stop();
+    if (spank_context() == S_CTX_LOCAL) g_srun_watcher.stop();
     return 0;
   });
 }

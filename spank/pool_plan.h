@@ -164,4 +164,35 @@ struct TaskEndReport {
 TaskEndReport classify_task_end(int wait_status, std::uint32_t rank, std::uint32_t job_id, std::uint32_t step_id,
                                 bool step_ending);
 
+// ------------------------------------------------------ srun's watch ---
+
+// What srun's plugin finds of its step in slurmctld at one look.
+enum class StepRecord {
+  kListed,   // the step still exists
+  kGone,     // slurmctld has no such step (or job): it has ended
+  kUnknown,  // slurmctld did not answer: nothing can be concluded
+};
+
+// srun waits for every task's exit. A node cut off when its tasks ended
+// cannot send them, and its slurmstepd does not send them again once the
+// link is back: srun then waits for ever for a step that Slurm has ended
+// (a node that stays cut is set DOWN at SlurmdTimeout, and srun ends then).
+// srun's plugin looks at the step every kSrunWatchEvery; this decides, from
+// the looks so far, when srun has waited long enough for nothing.
+using timings::kSrunWatchEvery;  // dew/failure_timings.h
+using timings::kSrunWatchGoneLooks;
+
+class SrunWatch {
+ public:
+  SrunWatch(std::uint32_t job_id, std::uint32_t step_id) : job_id_(job_id), step_id_(step_id) {}
+  // After one look: the line to print as srun is ended, once the step has
+  // been gone for kSrunWatchGoneLooks looks in a row; else nullopt.
+  std::optional<std::string> after_look(StepRecord record);
+
+ private:
+  std::uint32_t job_id_;
+  std::uint32_t step_id_;
+  int gone_looks_ = 0;
+};
+
 }  // namespace dew::spank

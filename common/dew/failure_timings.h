@@ -63,6 +63,14 @@ inline constexpr std::chrono::milliseconds kStepKillGrace = 2s;
 // frozen or lost rank).
 inline constexpr std::chrono::milliseconds kPeerGrace = 1s;
 
+// srun's plugin asks slurmctld this often whether the step it waits for
+// still exists: a node whose link was down when its tasks ended never sends
+// srun their exits, and srun would wait for ever for a step Slurm has ended.
+inline constexpr std::chrono::milliseconds kSrunWatchEvery = 5s;
+// Looks in a row that must find the step gone before srun is ended: one
+// alone can fall between the step's end and srun's own, ordinary one.
+inline constexpr int kSrunWatchGoneLooks = 2;
+
 // --- dew launch (cli/, launch/) -------------------------------------------
 // A stopped local or ssh process has this long between SIGTERM and SIGKILL.
 inline constexpr std::chrono::milliseconds kLaunchStopGrace = 1s;

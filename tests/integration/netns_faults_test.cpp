@@ -7,7 +7,9 @@
 // peer; srun ends and exits 75. srun runs with -W 2: a node cut off cannot
 // send srun its tasks' exits, and plain srun waits until Slurm sets the node
 // DOWN (SlurmdTimeout: 10 s on this cluster, 27 s from the cut to srun's
-// end; 300 s by default), which these tests leave to the README.
+// end; 300 s by default), which these tests leave to the README. A link
+// that comes back after the tasks ended no longer leaves plain srun waiting
+// for ever: its plugin ends it (srun_watch.h).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -89,6 +91,37 @@ TEST_F(NetnsFaults, ALinkDownMidStepEndsEveryProcessAtTheHeartbeatTimeoutNamingT
   EXPECT_THAT(step.err(), HasSubstr("[0] ending: process 1 failed: process 1 stopped answering: no heartbeat for 3 s"));
   std::printf("link down mid-step: every process gone %.1f s after the cut, srun %.1f s after its start\n", gone,
               step.seconds());
+}
+
+// n2's link goes down mid-step and comes back after every process has
+// ended. n2's slurmstepd sent its task's exit while cut off and never sends
+// it again; Slurm ends the step once the link is back, and plain srun (no
+// -W) would wait for that exit for ever. srun's plugin sees the step gone
+// from slurmctld, says so and ends srun, which exits 75 (the largest code it
+// heard).
+TEST_F(NetnsFaults, ALinkBackAfterTheTasksEndedNoLongerLeavesPlainSrunWaiting) {
+  Spawned step({"srun", "--dew-pool", "-N2", "--ntasks-per-node=1", dew_exe(), "worker", "--steps", "100000",
+                "--cache-dir", "off"},
+               env({{"DEW_HEARTBEAT_TIMEOUT_SECONDS", "3"}}));
+  ASSERT_TRUE(step.wait_for_output("step 5/", 60s)) << step.err();
+  const auto cut = Clock::now();
+  ASSERT_EQ(network({"cut", dir_, "n2", "down"}).exit_code, 0);
+  ASSERT_GT(seconds_until_gone(dew_exe(), cut, 30s), 0) << "a process still runs 30 s after the cut";
+  // Long enough for n2's slurmstepd to give up sending the exit (back within
+  // about 3 s, its connection's retries still deliver it), well before Slurm
+  // would set n2 DOWN (27 s after the cut here).
+  std::this_thread::sleep_for(8s);
+  const auto back = Clock::now();
+  ASSERT_EQ(network({"cut", dir_, "n2", "up"}).exit_code, 0);
+
+  // Slurm ends the step a few seconds after the link is back; then two looks
+  // 5 s apart, and srun's own end (KillWait 2 s + 2 s here).
+  ASSERT_EQ(step.wait(45s), 75) << "srun still waits 45 s after the link came back\n" << step.err();
+  const double ended = std::chrono::duration<double>(Clock::now() - back).count();
+  EXPECT_THAT(step.err(), HasSubstr("[0] ending: process 1 failed: process 1 stopped answering: no heartbeat for 3 s"));
+  EXPECT_THAT(step.err(), HasSubstr("has ended in Slurm (slurmctld has no record of it for 5 s), but srun still "
+                                    "waits: the exits of some tasks never reached it"));
+  std::printf("link back after the tasks ended: srun ended %.1f s after the link came back\n", ended);
 }
 
 // n2's link goes down after its task started and before it joined:
