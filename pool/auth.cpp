@@ -1,5 +1,7 @@
 #include "auth.h"
 
+#include <algorithm>
+
 #include "wire.h"
 
 namespace dew::runtime::auth {
@@ -49,20 +51,33 @@ namespace {
 
 const unsigned char* bytes_of(std::string_view text) { return reinterpret_cast<const unsigned char*>(text.data()); }
 
+std::string derived_key(std::string_view secret, std::string_view purpose, std::string_view message,
+                        std::size_t bytes) {
+  unsigned char pool_key[crypto_generichash_KEYBYTES];
+  crypto_generichash(pool_key, sizeof pool_key, bytes_of(secret), secret.size(), bytes_of(purpose), purpose.size());
+  std::string key(bytes, '\0');
+  crypto_generichash(reinterpret_cast<unsigned char*>(key.data()), key.size(), bytes_of(message), message.size(),
+                     pool_key, sizeof pool_key);
+  sodium_memzero(pool_key, sizeof pool_key);
+  return key;
+}
+
 std::string direction_key(std::string_view secret, std::string_view direction, std::string_view service_nonce,
                           std::string_view client_nonce, std::uint64_t rank) {
-  unsigned char pool_key[crypto_generichash_KEYBYTES];
-  crypto_generichash(pool_key, sizeof pool_key, bytes_of(secret), secret.size(), bytes_of("dew frame keys"), 14);
   std::string message(direction);
   message += '|';
   message += service_nonce;
   message += client_nonce;
   message += wire::encode_u64(rank);
-  std::string key(kKeyBytes, '\0');
-  crypto_generichash(reinterpret_cast<unsigned char*>(key.data()), key.size(), bytes_of(message), message.size(),
-                     pool_key, sizeof pool_key);
-  sodium_memzero(pool_key, sizeof pool_key);
-  return key;
+  return derived_key(secret, "dew frame keys", message, kTagKeyBytes) + tail_key(secret);
+}
+
+// The tail key of `key`: a direction's (its last bytes) or the tail key
+// itself. Never shorter (the keys are made here); all zeros rather than a
+// read past a shorter one.
+const unsigned char* tail_key_of(std::string_view key) noexcept {
+  static constexpr unsigned char kNoKey[kTailKeyBytes] = {};
+  return key.size() < kTailKeyBytes ? kNoKey : bytes_of(key.substr(key.size() - kTailKeyBytes));
 }
 
 }  // namespace
@@ -73,23 +88,25 @@ FrameKeys frame_keys(std::string_view secret, std::string_view service_nonce, st
                    direction_key(secret, "to client", service_nonce, client_nonce, rank)};
 }
 
-TailDigest::TailDigest() noexcept { crypto_generichash_init(&state_, nullptr, 0, std::tuple_size_v<Digest>); }
+std::string tail_key(std::string_view secret) { return derived_key(secret, "dew tail key", "tail", kTailKeyBytes); }
 
-void TailDigest::add(std::string_view bytes) noexcept {
-  crypto_generichash_update(&state_, bytes_of(bytes), bytes.size());
+TailHasher::TailHasher(std::string_view key) noexcept { crypto_onetimeauth_init(&state_, tail_key_of(key)); }
+
+void TailHasher::add(std::string_view bytes) noexcept {
+  crypto_onetimeauth_update(&state_, bytes_of(bytes), bytes.size());
 }
 
-Digest TailDigest::finish() noexcept {
-  Digest digest{};
-  crypto_generichash_final(&state_, digest.data(), digest.size());
-  return digest;
+TailHash TailHasher::finish() noexcept {
+  TailHash hash{};
+  crypto_onetimeauth_final(&state_, hash.data());
+  return hash;
 }
 
-Tag frame_tag(std::string_view key, std::uint64_t sequence, std::string_view head, const Digest& tail) noexcept {
+Tag frame_tag(std::string_view key, std::uint64_t sequence, std::string_view head, const TailHash& tail) noexcept {
   unsigned char number[8];
   for (int i = 0; i < 8; ++i) number[i] = static_cast<unsigned char>(sequence >> (56 - 8 * i));
   crypto_generichash_state state;
-  crypto_generichash_init(&state, bytes_of(key), key.size(), kTagBytes);
+  crypto_generichash_init(&state, bytes_of(key), std::min(key.size(), kTagKeyBytes), kTagBytes);
   crypto_generichash_update(&state, number, sizeof number);
   crypto_generichash_update(&state, bytes_of(head), head.size());
   crypto_generichash_update(&state, tail.data(), tail.size());
@@ -100,7 +117,7 @@ Tag frame_tag(std::string_view key, std::uint64_t sequence, std::string_view hea
 
 Tag frame_tag(std::string_view key, std::uint64_t sequence, std::string_view frame) noexcept {
   const std::size_t head = wire::head_bytes(frame);
-  TailDigest tail;
+  TailHasher tail(key);
   tail.add(frame.substr(head));
   return frame_tag(key, sequence, frame.substr(0, head), tail.finish());
 }

@@ -141,9 +141,9 @@ void CoordinationService::Impl::send(const SessionPtr& session, const wire::Fram
 }
 
 void CoordinationService::Impl::send_shared(const SessionPtr& session, std::string head, const std::vector<Chunk>& tail,
-                                            const auth::Digest& tail_digest) {
+                                            const auth::TailHash& tail_hash) {
   if (session->closed) return;
-  const auto tag = auth::frame_tag(session->keys.to_client, session->sent_frames++, head, tail_digest);
+  const auto tag = auth::frame_tag(session->keys.to_client, session->sent_frames++, head, tail_hash);
   queue(session, chunk_of(std::move(head)));
   for (const auto& chunk : tail) queue(session, chunk);
   queue(session, chunk_of(std::string(reinterpret_cast<const char*>(tag.data()), tag.size())));

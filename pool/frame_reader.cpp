@@ -50,7 +50,7 @@ std::optional<wire::Frame> FrameReader::next(std::string& error) {
     }
     const std::string_view frame = std::string_view(buffer_).substr(0, decoded.consumed);
     const std::size_t head = wire::head_bytes(frame);
-    auth::TailDigest tail;
+    auth::TailHasher tail(key_);
     tail.add(frame.substr(head));
     const std::string head_bytes(frame.substr(0, head));
     buffer_.erase(0, decoded.consumed);
@@ -66,7 +66,7 @@ bool FrameReader::buffered() const {
   return wire::decode_views(buffer_, limit_).status == wire::DecodeStatus::kBad;
 }
 
-bool FrameReader::take_tag(std::string_view head, const auth::Digest& tail, wire::Type type, std::string& error) {
+bool FrameReader::take_tag(std::string_view head, const auth::TailHash& tail, wire::Type type, std::string& error) {
   if (!fill(auth::kTagBytes, error)) return false;
   const auto expected = auth::frame_tag(key_, sequence_++, head, tail);
   const bool same = auth::same_tag(expected, std::string_view(buffer_).substr(0, auth::kTagBytes));
@@ -108,12 +108,12 @@ bool FrameReader::read_into(std::string& item, std::size_t have, std::string& er
 }
 
 // The frame's head (length, type, first item) is kept for its tag; every
-// byte after it goes through the tail's digest as it arrives.
+// byte after it goes through the tail's hash as it arrives.
 std::optional<wire::Frame> FrameReader::stream(std::size_t frame_bytes, std::string& error) {
   wire::Frame frame;
   frame.type = static_cast<wire::Type>(buffer_[wire::kHeaderBytes]);
   std::string head = buffer_.substr(0, wire::kHeaderBytes + 1);
-  auth::TailDigest tail;
+  auth::TailHasher tail(key_);
   std::size_t body_left = frame_bytes - wire::kHeaderBytes - 1;
   buffer_.erase(0, wire::kHeaderBytes + 1);
   const std::string kind(wire::type_name(frame.type));

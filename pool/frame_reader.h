@@ -37,7 +37,7 @@ class FrameReader {
   bool read_into(std::string& item, std::size_t have, std::string& error);
   std::optional<wire::Frame> stream(std::size_t frame_bytes, std::string& error);
   // Checks the tag at the front of buffer_ (and removes it).
-  bool take_tag(std::string_view head, const auth::Digest& tail, wire::Type type, std::string& error);
+  bool take_tag(std::string_view head, const auth::TailHash& tail, wire::Type type, std::string& error);
 
   int fd_;
   std::size_t limit_;

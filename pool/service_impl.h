@@ -167,9 +167,9 @@ struct CoordinationService::Impl {
   void accept_failed(std::error_code ec);
   void send(const SessionPtr& session, const wire::Frame& frame);
   // A frame made of its own head and chunks shared with other replies, whose
-  // bytes' digest (for the tag) the caller computed once.
+  // bytes' hash (for the tag) the caller computed once.
   void send_shared(const SessionPtr& session, std::string head, const std::vector<Chunk>& tail,
-                   const auth::Digest& tail_digest);
+                   const auth::TailHash& tail_hash);
   void queue(const SessionPtr& session, Chunk chunk);
   void write(const SessionPtr& session);
   void note_flushed();

@@ -152,18 +152,18 @@ void CoordinationService::Impl::handle_gather(const SessionPtr& session, const s
 // are copied, with their lengths, into runs of at least kRunBytes (one
 // buffer for a whole round of small parts: one sendmsg per reply, not one
 // per part); a large part stays in the buffer it arrived in. The tail's
-// digest (for the replies' tags) is computed once.
+// hash (for the replies' tags) is computed once.
 void CoordinationService::Impl::complete_gather(const std::string& round) {
   constexpr std::size_t kRunBytes = std::size_t{64} << 10;
   constexpr std::size_t kTrimPartBytes = std::size_t{1} << 20;
   Gathering& gathering = gatherings[round];
   std::vector<Chunk> tail;
-  auth::TailDigest digest;
+  auth::TailHasher tail_hasher(auth::tail_key(config.secret));
   std::string run;
   std::size_t bytes = 0;
   const auto end_run = [&] {
     if (run.empty()) return;
-    digest.add(run);
+    tail_hasher.add(run);
     tail.push_back(chunk_of(std::exchange(run, std::string())));
   };
   for (auto& [rank, part] : gathering.parts) {
@@ -176,7 +176,7 @@ void CoordinationService::Impl::complete_gather(const std::string& round) {
       continue;
     }
     end_run();
-    digest.add(part.bytes());
+    tail_hasher.add(part.bytes());
     // A part of a MiB or more, once the slowest connection is past it, is
     // freed and its pages given back at once: glibc would keep them (its mmap
     // threshold rises to the largest block freed), and process 0 grew round
@@ -191,9 +191,9 @@ void CoordinationService::Impl::complete_gather(const std::string& round) {
     }));
   }
   end_run();
-  const auto tail_digest = digest.finish();
+  const auto tail_hash = tail_hasher.finish();
   for (auto& waiter : gathering.waiters) {
-    send_shared(waiter.session, wire::encode_head(wire::Type::kGathered, {waiter.request}, bytes), tail, tail_digest);
+    send_shared(waiter.session, wire::encode_head(wire::Type::kGathered, {waiter.request}, bytes), tail, tail_hash);
   }
   gatherings.erase(round);
 }

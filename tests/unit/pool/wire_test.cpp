@@ -78,10 +78,10 @@ TEST(Auth, MacsBindTheSecretTheNonceAndTheIdentity) {
   EXPECT_FALSE(auth::same_mac(mac, mac.substr(1)));
 }
 
-// The service tags a gather's reply from its head and the digest of the
+// The service tags a gather's reply from its head and the hash of the
 // shared parts it computed once; the client tags the whole frame it read.
 // Both must agree, and any change of key, sequence number or byte must not.
-TEST(FrameTags, AHeadAndTailDigestTagEqualsTheWholeFramesAndChangesWithEveryInput) {
+TEST(FrameTags, AHeadAndTailHashTagEqualsTheWholeFramesAndChangesWithEveryInput) {
   const auto keys = auth::frame_keys("secret", std::string(32, 'n'), std::string(32, 'c'), 1);
   EXPECT_EQ(keys.to_service.size(), auth::kKeyBytes);
   EXPECT_NE(keys.to_service, keys.to_client);
@@ -94,10 +94,14 @@ TEST(FrameTags, AHeadAndTailDigestTagEqualsTheWholeFramesAndChangesWithEveryInpu
   const std::string head = wire::encode_head(wire::Type::kGathered, {wire::encode_u64(9)}, tail.size());
   const std::string frame = head + tail;
   EXPECT_EQ(wire::head_bytes(frame), head.size());
-  auth::TailDigest digest;
-  digest.add(tail.substr(0, 5));
-  digest.add(tail.substr(5));
-  const auto tag = auth::frame_tag(keys.to_client, 3, head, digest.finish());
+  // The service hashes with the pool's tail key; every direction's key ends with it.
+  EXPECT_EQ(keys.to_client.substr(auth::kTagKeyBytes), auth::tail_key("secret"));
+  EXPECT_EQ(keys.to_service.substr(auth::kTagKeyBytes), auth::tail_key("secret"));
+  EXPECT_NE(auth::tail_key("secreT"), auth::tail_key("secret"));
+  auth::TailHasher hasher(auth::tail_key("secret"));
+  hasher.add(tail.substr(0, 5));
+  hasher.add(tail.substr(5));
+  const auto tag = auth::frame_tag(keys.to_client, 3, head, hasher.finish());
   EXPECT_EQ(tag, auth::frame_tag(keys.to_client, 3, frame));
   EXPECT_NE(tag, auth::frame_tag(keys.to_client, 4, frame));
   EXPECT_NE(tag, auth::frame_tag(keys.to_service, 3, frame));
