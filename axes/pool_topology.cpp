@@ -185,7 +185,7 @@ Result<mesh::DeviceGraph> pool_device_graph(runtime::Pool& pool) {
   const auto all = pool.all_gather(mine);
   for (std::size_t p = 0; p < all.size(); ++p) {
     if (all[p].rfind("error:", 0) == 0) {
-      return unavailable("pool topology: process " + std::to_string(p) + ": " + all[p].substr(6));
+      return unavailable("pool topology: process " + std::to_string(p) + ": " + std::string(all[p].substr(6)));
     }
     auto decoded = decode_part(all[p]);
     if (!decoded.ok()) return decoded.error();

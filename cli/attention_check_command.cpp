@@ -117,7 +117,7 @@ int run(const CheckOptions& o) {
   // Every process's devices, at process 0.
   std::vector<std::string> all;
   try {
-    all = pool.all_gather(serialize(measured));
+    all = pool.all_gather(serialize(measured)).strings();
   } catch (const runtime::PoolError& e) {
     return report(Error{e.code(), e.what()});
   }

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "dew/pool.h"
 #include "dew/result.h"
 #include "wire.h"
 
@@ -95,8 +96,8 @@ class CoordinationClient {
   // (kTimeout): for the join's agreement, which must not outwait the join.
   Result<std::vector<int>> agree(const std::string& name, std::chrono::milliseconds patience,
                                  std::optional<std::chrono::steady_clock::time_point> answer_by = std::nullopt);
-  Result<std::vector<std::string>> gather(const std::string& round, const std::string& bytes,
-                                          std::chrono::milliseconds patience, std::vector<int>& missing);
+  Result<Gathered> gather(const std::string& round, const std::string& bytes, std::chrono::milliseconds patience,
+                          std::vector<int>& missing);
   // Publishes this process's failure, then half-closes the connection and
   // waits (up to `bound`) until the service has read it and closed its side:
   // a process that exits right after must not have its last frame reset away.

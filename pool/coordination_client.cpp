@@ -26,13 +26,13 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using asio::ip::tcp;
 
-std::vector<int> parse_ranks(const std::string& text) {
+std::vector<int> parse_ranks(std::string_view text) {
   std::vector<int> ranks;
   std::size_t at = 0;
   while (at < text.size()) {
     std::size_t comma = text.find(',', at);
     if (comma == std::string::npos) comma = text.size();
-    ranks.push_back(std::atoi(text.substr(at, comma - at).c_str()));
+    ranks.push_back(std::atoi(std::string(text.substr(at, comma - at)).c_str()));
     at = comma + 1;
   }
   return ranks;
@@ -56,7 +56,7 @@ struct CoordinationClient::Impl {
   // The heartbeat thread's own: a reply must not wake it (it would, on
   // `changed`, for every reply: a third wake-up each round trip).
   std::condition_variable stopping;
-  std::map<std::uint64_t, wire::Frame> replies;
+  std::map<std::uint64_t, wire::ReceivedFrame> replies;
   std::uint64_t next_request = 1;
   std::optional<PeerFailure> failure;
   bool failure_reported = false;
@@ -153,7 +153,7 @@ struct CoordinationClient::Impl {
         // one was late to an agreement). A process that published its own
         // failure is already ending and ignores the echo.
         const auto rank = wire::decode_u64(frame->items[0]).value_or(0);
-        record_failure(PeerFailure{static_cast<int>(rank), frame->items[1]});
+        record_failure(PeerFailure{static_cast<int>(rank), std::string(frame->items[1])});
         break;
       }
       case wire::Type::kValue:
@@ -261,8 +261,8 @@ struct CoordinationClient::Impl {
   // Sends a request and waits for its reply, reading it itself when no
   // other thread is reading; an Error once the pool failed, or when
   // `answer_by` passes first.
-  Result<wire::Frame> request(wire::Type type, std::vector<std::string_view> items,
-                              std::optional<Clock::time_point> answer_by = std::nullopt) {
+  Result<wire::ReceivedFrame> request(wire::Type type, std::vector<std::string_view> items,
+                                      std::optional<Clock::time_point> answer_by = std::nullopt) {
     std::uint64_t id = 0;
     {
       std::lock_guard lock(mutex);
@@ -352,7 +352,7 @@ Result<std::optional<std::string>> CoordinationClient::get(const std::string& ke
   const std::string timeout_item = wire::encode_u64(static_cast<std::uint64_t>(timeout.count()));
   auto reply = impl_->request(wire::Type::kGet, {key, timeout_item});
   if (!reply.ok()) return reply.error();
-  if (reply.value().type == wire::Type::kValue) return std::optional<std::string>(std::move(reply.value().items[1]));
+  if (reply.value().type == wire::Type::kValue) return std::optional<std::string>(reply.value().items[1]);
   return std::optional<std::string>();
 }
 
@@ -365,18 +365,19 @@ Result<std::vector<int>> CoordinationClient::agree(const std::string& name, std:
   return std::vector<int>();
 }
 
-Result<std::vector<std::string>> CoordinationClient::gather(const std::string& round, const std::string& bytes,
-                                                            std::chrono::milliseconds patience,
-                                                            std::vector<int>& missing) {
+Result<Gathered> CoordinationClient::gather(const std::string& round, const std::string& bytes,
+                                            std::chrono::milliseconds patience, std::vector<int>& missing) {
   const std::string patience_item = wire::encode_u64(static_cast<std::uint64_t>(patience.count()));
   auto reply = impl_->request(wire::Type::kGather, {round, bytes, patience_item});
   if (!reply.ok()) return reply.error();
   if (reply.value().type == wire::Type::kAgreeTimeout) {
     missing = parse_ranks(reply.value().items[1]);
-    return std::vector<std::string>();
+    return Gathered();
   }
+  // The parts, without the request's id, still in the reply's buffer.
   auto& items = reply.value().items;
-  return std::vector<std::string>(std::make_move_iterator(items.begin() + 1), std::make_move_iterator(items.end()));
+  items.erase(items.begin());
+  return Gathered(std::move(reply.value().bytes), std::move(items));
 }
 
 void CoordinationClient::publish_failure(const std::string& message, std::chrono::milliseconds bound) {

@@ -8,8 +8,14 @@
 namespace dew::runtime {
 namespace {
 
-// Frames above this are streamed item by item.
+// Frames above this are read straight into a buffer of their own.
 constexpr std::size_t kStreamAbove = std::size_t{1} << 20;
+
+// Views into a buffer that was at `from` made views into `to`, a copy of it
+// or the same bytes moved (only the old address is used, never read).
+void rebase(std::vector<std::string_view>& views, const char* from, std::string_view to) {
+  for (auto& view : views) view = to.substr(static_cast<std::size_t>(view.data() - from), view.size());
+}
 
 std::string receive_error(ssize_t n) {
   return n == 0 ? "connection closed" : std::string("receive failed: ") + std::strerror(errno);
@@ -23,7 +29,7 @@ FrameReader::FrameReader(int fd, std::size_t limit, std::string leftover, std::s
 // A frame is decoded once, when it and its tag are all in: until then only
 // its header is looked at (decode_views refuses a bad length or type at
 // once, without walking items), and the rest is read in one fill.
-std::optional<wire::Frame> FrameReader::next(std::string& error) {
+std::optional<wire::ReceivedFrame> FrameReader::next(std::string& error) {
   const std::size_t tag = key_.empty() ? 0 : auth::kTagBytes;
   for (;;) {
     auto decoded = wire::decode_views(buffer_, limit_);
@@ -36,6 +42,8 @@ std::optional<wire::Frame> FrameReader::next(std::string& error) {
       const auto size = wire::announced_size(buffer_);
       const bool checked = size && buffer_.size() > wire::kHeaderBytes;
       if (checked && *size > kStreamAbove) return stream(*size, error);
+      // One allocation of the frame's size: the buffer may leave with it.
+      if (checked) buffer_.reserve(*size + tag);
       if (!fill(checked ? *size + tag : buffer_.size() + 1, error)) return std::nullopt;
       continue;
     }
@@ -43,19 +51,24 @@ std::optional<wire::Frame> FrameReader::next(std::string& error) {
       if (!fill(decoded.consumed + tag, error)) return std::nullopt;
       continue;  // the buffer may have moved
     }
-    wire::Frame whole{decoded.type, std::vector<std::string>(decoded.items.begin(), decoded.items.end())};
-    if (tag == 0) {
-      buffer_.erase(0, decoded.consumed);
-      return whole;
-    }
     const std::string_view frame = std::string_view(buffer_).substr(0, decoded.consumed);
-    const std::size_t head = wire::head_bytes(frame);
-    auth::TailHasher tail(key_);
-    tail.add(frame.substr(head));
-    const std::string head_bytes(frame.substr(0, head));
-    buffer_.erase(0, decoded.consumed);
-    if (!take_tag(head_bytes, tail.finish(), whole.type, error)) return std::nullopt;
-    return whole;
+    if (tag != 0 && !check_tag(auth::frame_tag(key_, sequence_++, frame),
+                               std::string_view(buffer_).substr(frame.size()), decoded.type, error)) {
+      return std::nullopt;
+    }
+    // The frame's bytes move out whole: the buffer itself when it holds
+    // nothing more (no copy), else a copy of the frame.
+    const char* was_at = frame.data();
+    auto bytes = std::make_shared<std::string>();
+    if (buffer_.size() == decoded.consumed + tag) {
+      bytes->swap(buffer_);
+      bytes->resize(decoded.consumed);
+    } else {
+      bytes->assign(frame);
+      buffer_.erase(0, decoded.consumed + tag);
+    }
+    rebase(decoded.items, was_at, *bytes);
+    return wire::ReceivedFrame{decoded.type, std::move(bytes), std::move(decoded.items)};
   }
 }
 
@@ -66,12 +79,8 @@ bool FrameReader::buffered() const {
   return wire::decode_views(buffer_, limit_).status == wire::DecodeStatus::kBad;
 }
 
-bool FrameReader::take_tag(std::string_view head, const auth::TailHash& tail, wire::Type type, std::string& error) {
-  if (!fill(auth::kTagBytes, error)) return false;
-  const auto expected = auth::frame_tag(key_, sequence_++, head, tail);
-  const bool same = auth::same_tag(expected, std::string_view(buffer_).substr(0, auth::kTagBytes));
-  buffer_.erase(0, auth::kTagBytes);
-  if (same) return true;
+bool FrameReader::check_tag(const auth::Tag& expected, std::string_view received, wire::Type type, std::string& error) {
+  if (auth::same_tag(expected, received.substr(0, auth::kTagBytes))) return true;
   altered_ = true;
   error = "its " + std::string(wire::type_name(type)) + " frame " + std::to_string(sequence_ - 1) +
           " from the coordination service failed its integrity check";
@@ -107,54 +116,26 @@ bool FrameReader::read_into(std::string& item, std::size_t have, std::string& er
   return true;
 }
 
-// The frame's head (length, type, first item) is kept for its tag; every
-// byte after it goes through the tail's hash as it arrives.
-std::optional<wire::Frame> FrameReader::stream(std::size_t frame_bytes, std::string& error) {
-  wire::Frame frame;
-  frame.type = static_cast<wire::Type>(buffer_[wire::kHeaderBytes]);
-  std::string head = buffer_.substr(0, wire::kHeaderBytes + 1);
-  auth::TailHasher tail(key_);
-  std::size_t body_left = frame_bytes - wire::kHeaderBytes - 1;
-  buffer_.erase(0, wire::kHeaderBytes + 1);
-  const std::string kind(wire::type_name(frame.type));
-  while (body_left > 0) {
-    if (body_left < 4) {
-      error = "truncated item length in a " + kind + " frame";
-      return std::nullopt;
-    }
-    if (!fill(4, error)) return std::nullopt;
-    const std::string_view length_bytes = std::string_view(buffer_).substr(0, 4);
-    const std::size_t length = wire::decode_u32(buffer_);
-    const bool first = frame.items.empty();
-    if (first) {
-      head += length_bytes;
-    } else {
-      tail.add(length_bytes);
-    }
-    buffer_.erase(0, 4);
-    body_left -= 4;
-    if (length > body_left) {
-      error = "item of " + std::to_string(length) + " bytes overruns its " + kind + " frame";
-      return std::nullopt;
-    }
-    std::string item(length, '\0');
-    const std::size_t have = std::min(length, buffer_.size());
-    buffer_.copy(item.data(), have);
-    buffer_.erase(0, have);
-    if (!read_into(item, have, error)) return std::nullopt;
-    if (first) {
-      head += item;
-    } else {
-      tail.add(item);
-    }
-    body_left -= length;
-    frame.items.push_back(std::move(item));
-  }
-  if (!wire::item_count_allowed(frame.type, frame.items.size())) {
-    error = kind + " frame with " + std::to_string(frame.items.size()) + " items";
+// A large frame is read straight into its own buffer (no copy through
+// buffer_), then decoded and its tag checked like any other.
+std::optional<wire::ReceivedFrame> FrameReader::stream(std::size_t frame_bytes, std::string& error) {
+  auto bytes = std::make_shared<std::string>(frame_bytes, '\0');
+  const std::size_t have = std::min(frame_bytes, buffer_.size());
+  buffer_.copy(bytes->data(), have);
+  buffer_.erase(0, have);
+  if (!read_into(*bytes, have, error)) return std::nullopt;
+  auto decoded = wire::decode_views(*bytes, limit_);
+  if (decoded.status != wire::DecodeStatus::kFrame) {
+    error = decoded.status == wire::DecodeStatus::kBad ? decoded.error : "a frame shorter than its length";
     return std::nullopt;
   }
-  if (!key_.empty() && !take_tag(head, tail.finish(), frame.type, error)) return std::nullopt;
+  if (!key_.empty()) {
+    if (!fill(auth::kTagBytes, error)) return std::nullopt;
+    if (!check_tag(auth::frame_tag(key_, sequence_++, *bytes), buffer_, decoded.type, error)) return std::nullopt;
+    buffer_.erase(0, auth::kTagBytes);
+  }
+  wire::ReceivedFrame frame{decoded.type, nullptr, std::move(decoded.items)};
+  frame.bytes = std::move(bytes);
   return frame;
 }
 

@@ -1,6 +1,7 @@
 // Reads whole frames from a blocking socket, for a process's connection to
-// the coordination service. A large frame (a gather's reply) is read item by
-// item straight into the strings it returns, so it is held once, not twice.
+// the coordination service. Each frame comes out as one buffer its items
+// view into; a large one (a gather's reply) is read straight into it, so it
+// is held once, not twice.
 // With a key, every frame must be followed by its tag (auth.h) and is
 // refused otherwise. Private to pool/.
 #pragma once
@@ -22,7 +23,7 @@ class FrameReader {
   // key towards this process; empty during the handshake (no tags yet).
   FrameReader(int fd, std::size_t limit, std::string leftover = {}, std::string key = {});
   // nullopt at the end of the stream or on an error (`error` says which).
-  std::optional<wire::Frame> next(std::string& error);
+  std::optional<wire::ReceivedFrame> next(std::string& error);
   // Called whenever bytes arrive, so a reply that takes long to arrive
   // (a large gather on a slow link) still counts as hearing from the service.
   void on_bytes(std::function<void()> heard) { heard_ = std::move(heard); }
@@ -35,9 +36,10 @@ class FrameReader {
  private:
   bool fill(std::size_t bytes, std::string& error);  // until buffer_ holds `bytes`
   bool read_into(std::string& item, std::size_t have, std::string& error);
-  std::optional<wire::Frame> stream(std::size_t frame_bytes, std::string& error);
-  // Checks the tag at the front of buffer_ (and removes it).
-  bool take_tag(std::string_view head, const auth::TailHash& tail, wire::Type type, std::string& error);
+  std::optional<wire::ReceivedFrame> stream(std::size_t frame_bytes, std::string& error);
+  // Whether the tag at the front of `received` is `expected`; if not, says
+  // so in `error` and marks the connection altered.
+  bool check_tag(const auth::Tag& expected, std::string_view received, wire::Type type, std::string& error);
 
   int fd_;
   std::size_t limit_;

@@ -383,7 +383,27 @@ std::string Pool::get(const std::string& key, std::chrono::milliseconds timeout)
   return *value;
 }
 
-std::vector<std::string> Pool::all_gather(const std::string& bytes) {
+Gathered::Gathered(std::shared_ptr<const std::string> bytes, std::vector<std::string_view> parts)
+    : bytes_(std::move(bytes)), parts_(std::move(parts)) {}
+
+Gathered::Gathered(const std::vector<std::string>& parts) {
+  std::size_t total = 0;
+  for (const auto& part : parts) total += part.size();
+  auto bytes = std::make_shared<std::string>();
+  bytes->reserve(total);
+  for (const auto& part : parts) bytes->append(part);
+  parts_.reserve(parts.size());
+  std::size_t at = 0;
+  for (const auto& part : parts) {
+    parts_.push_back(std::string_view(*bytes).substr(at, part.size()));
+    at += part.size();
+  }
+  bytes_ = std::move(bytes);
+}
+
+std::vector<std::string> Gathered::strings() const { return std::vector<std::string>(begin(), end()); }
+
+Gathered Pool::all_gather(const std::string& bytes) {
   // Checked in a pool of one too: a program must not pass alone and fail in a pool.
   const unsigned round = state_->gather_round;
   const std::string name = "gather#" + std::to_string(round);
@@ -398,7 +418,7 @@ std::vector<std::string> Pool::all_gather(const std::string& bytes) {
         mib(wire::kMaxGatheredBytes) + " a round); send large data over a communicator (dew/comm.h)"));
   }
   ++state_->gather_round;
-  if (!state_->client) return {bytes};
+  if (!state_->client) return Gathered(std::vector<std::string>{bytes});
   // glibc keeps a large round's freed buffers (its mmap threshold rises to
   // the largest freed block), and the next rounds' buffers grow the heap
   // beside them: after a round of 16 MiB or more, give them back first.
@@ -409,7 +429,7 @@ std::vector<std::string> Pool::all_gather(const std::string& bytes) {
       if (auto failed = state_->client->failure()) state_->end_for_peer(*failed);
       throw PoolError(gathered.error());
     }
-    return std::move(gathered.value());
+    return Gathered(gathered.value());
   }
   std::vector<int> missing;
   auto parts = state_->checked(state_->client->gather(name, bytes, state_->settings.agreement_patience, missing));

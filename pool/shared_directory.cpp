@@ -24,9 +24,9 @@ std::vector<int> everyone(int size) {
 }
 
 // Processes grouped by what they report: report -> the ranks reporting it.
-std::map<std::string, std::vector<int>> group_by(const std::vector<std::string>& reports) {
+std::map<std::string, std::vector<int>> group_by(const Gathered& reports) {
   std::map<std::string, std::vector<int>> groups;
-  for (std::size_t r = 0; r < reports.size(); ++r) groups[reports[r]].push_back(static_cast<int>(r));
+  for (std::size_t r = 0; r < reports.size(); ++r) groups[std::string(reports[r])].push_back(static_cast<int>(r));
   return groups;
 }
 
@@ -57,7 +57,7 @@ void Pool::require_shared_directory(const std::string& path) {
   std::vector<std::string> problems;
   for (std::size_t r = 0; r < tokens.size(); ++r) {
     if (tokens[r].rfind("error:", 0) == 0)
-      problems.push_back("process " + std::to_string(r) + ": " + tokens[r].substr(6));
+      problems.push_back("process " + std::to_string(r) + ": " + std::string(tokens[r].substr(6)));
   }
   std::error_code ignored;
   if (!problems.empty()) {
@@ -92,7 +92,7 @@ std::optional<std::string> Pool::compile_cache_key(const std::string& fingerprin
     crypto_generichash_state hash;
     crypto_generichash_init(&hash, nullptr, 0, 32);
     for (const auto& fingerprint : fingerprints) {
-      const std::string framed = std::to_string(fingerprint.size()) + ":" + fingerprint;
+      const std::string framed = std::to_string(fingerprint.size()) + ":" + std::string(fingerprint);
       crypto_generichash_update(&hash, reinterpret_cast<const unsigned char*>(framed.data()), framed.size());
     }
     unsigned char digest[32];
@@ -100,7 +100,7 @@ std::optional<std::string> Pool::compile_cache_key(const std::string& fingerprin
     return to_hex(digest);
   }
   // Name the lines that differ from process 0's fingerprint, per group.
-  const auto reference = lines_of(fingerprints[0]);
+  const auto reference = lines_of(std::string(fingerprints[0]));
   std::vector<std::string> text;
   for (const auto& [fingerprint, who] : groups) {
     if (who.front() == 0) continue;

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -94,6 +95,14 @@ struct DecodedViews {
   std::string error;
 };
 DecodedViews decode_views(std::string_view buffer, std::size_t max_frame_bytes);
+
+// A frame as read from a socket: its items view into its bytes, one buffer
+// that a gather's reply hands on whole to its caller (dew/pool.h Gathered).
+struct ReceivedFrame {
+  Type type = Type::kHeartbeat;
+  std::shared_ptr<const std::string> bytes;
+  std::vector<std::string_view> items;
+};
 
 // Decodes the first frame of `buffer`. kNeedMore: the frame is not all there
 // yet; kBad: the bytes can never become a valid frame (unknown type, wrong

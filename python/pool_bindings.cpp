@@ -249,9 +249,9 @@ void bind_pool(py::module_& m) {
           "all_gather",
           [](runtime::Pool& p, const py::bytes& data) {
             const std::string mine = data;
-            auto all = guarded<std::vector<std::string>>([&p, mine] { return p.all_gather(mine); });
+            auto all = guarded<runtime::Gathered>([&p, mine] { return p.all_gather(mine); });
             py::list out;
-            for (const auto& part : all) out.append(py::bytes(part));
+            for (const auto part : all) out.append(py::bytes(part.data(), part.size()));
             return out;
           },
           py::arg("data"), "Every process's bytes, in rank order.")

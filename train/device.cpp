@@ -180,7 +180,7 @@ Error non_finite_loss(ProcessRun& run, int local, int step, double part, double 
   run.devices.arrive_and_wait();
   if (local == 0) {
     const std::string mine(reinterpret_cast<const char*>(parts.devices.data()), parts.devices.size() * sizeof(double));
-    parts.processes = run.local_only ? std::vector<std::string>{mine} : run.pool.all_gather(mine);
+    parts.processes = run.local_only ? runtime::Gathered(std::vector<std::string>{mine}) : run.pool.all_gather(mine);
   }
   run.devices.arrive_and_wait();
   int rank = 0, device = 0;

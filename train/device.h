@@ -36,7 +36,7 @@ struct ProcessRun {
   // device's part of it (one slot per device), then every process's.
   struct LossParts {
     std::vector<double> devices;
-    std::vector<std::string> processes;
+    runtime::Gathered processes;
   } loss_parts;
 };
 

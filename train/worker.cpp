@@ -88,9 +88,10 @@ Result<std::optional<Checkpoint>> prepare_checkpoints(runtime::Pool& pool, const
   const auto verdicts = pool.all_gather(loaded.ok() ? "" : loaded.error().message);
   for (std::size_t r = 0; r < verdicts.size(); ++r) {
     if (verdicts[r].empty()) continue;
-    if (int(r) == pool.rank()) pool.fail(verdicts[r], 1);
+    const std::string verdict(verdicts[r]);
+    if (int(r) == pool.rank()) pool.fail(verdict, 1);
     std::this_thread::sleep_for(timings::kPeerNoticeGrace);
-    return peer_failed("process " + std::to_string(r) + " refused the checkpoint: " + verdicts[r]);
+    return peer_failed("process " + std::to_string(r) + " refused the checkpoint: " + verdict);
   }
   if (pool.rank() == 0) {
     const int step = loaded.value().manifest.step;

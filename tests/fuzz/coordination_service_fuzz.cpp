@@ -91,7 +91,7 @@ void send_all(int fd, std::string_view bytes) {
 
 // Process 1's half of the handshake; its key towards the service, or
 // nothing if the service refused it.
-std::optional<std::string> authenticate(int fd, dew::runtime::FrameReader& frames, const std::string& nonce) {
+std::optional<std::string> authenticate(int fd, dew::runtime::FrameReader& frames, std::string_view nonce) {
   const std::string client_nonce = dew::runtime::auth::random_nonce();
   send_all(fd, wire::encode(wire::Frame{wire::Type::kHello,
                                         {wire::encode_u64(1), wire::encode_u64(2), client_nonce,

@@ -54,6 +54,34 @@ TEST(PoolOfOne, GetWaitsForAnotherThreadsPutAndTimesOutNamingTheKey) {
     EXPECT_THAT(e.what(), HasSubstr("the payload of 67108865 bytes is over the coordination service's limit of "
                                     "67108848 bytes a message (64 MiB with the frame)"));
   }
+
+  // Alone, all_gather returns its own bytes.
+  const auto all = pool.all_gather("mine");
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0], "mine");
+}
+
+}  // namespace
+
+namespace {
+
+// all_gather's parts are views into one buffer: they survive the Gathered
+// they came from as long as a copy lives, and hold any bytes (NULs included).
+TEST(Gathered, PartsAreViewsThatLiveAsLongAsAnyCopy) {
+  dew::runtime::Gathered copy;
+  {
+    const dew::runtime::Gathered parts(std::vector<std::string>{"first", "", std::string("a\0b", 3)});
+    ASSERT_EQ(parts.size(), 3u);
+    EXPECT_EQ(parts.front(), "first");
+    EXPECT_TRUE(parts[1].empty());
+    EXPECT_EQ(parts.back(), std::string_view("a\0b", 3));
+    EXPECT_THROW((void)parts.at(3), std::out_of_range);
+    copy = parts;
+  }
+  EXPECT_EQ(copy.strings(), (std::vector<std::string>{"first", "", std::string("a\0b", 3)}));
+  std::vector<std::string_view> seen(copy.begin(), copy.end());
+  EXPECT_EQ(seen.size(), 3u);
+  EXPECT_TRUE(dew::runtime::Gathered().empty());
 }
 
 }  // namespace

@@ -51,11 +51,11 @@ int exchange(Pool& pool) {
   }
   std::string gathered;
   const auto all = pool.all_gather("rank " + std::to_string(r) + std::string(static_cast<std::size_t>(r) * 1000, 'x'));
-  for (const auto& part : all) gathered += (gathered.empty() ? "" : "|") + part.substr(0, part.find('x'));
+  for (const auto part : all) (gathered += gathered.empty() ? "" : "|") += part.substr(0, part.find('x'));
   // A second gather round must not see the first's bytes.
   const auto again = pool.all_gather(std::to_string(r * r));
   std::string squares;
-  for (const auto& part : again) squares += (squares.empty() ? "" : ",") + part;
+  for (const auto part : again) (squares += squares.empty() ? "" : ",") += part;
   for (int i = 0; i < 3; ++i) pool.agree("loop");
   line("RESULT rank=" + std::to_string(r) + " size=" + std::to_string(n) +
        " source=" + std::string(dew::runtime::source_name(pool.identity().source)) + " backend=" + pool.backend() +
