@@ -377,7 +377,7 @@ Result<Gathered> CoordinationClient::gather(const std::string& round, const std:
   // The parts, without the request's id, still in the reply's buffer.
   auto& items = reply.value().items;
   items.erase(items.begin());
-  return Gathered(std::move(reply.value().bytes), std::move(items));
+  return Gathered(std::move(reply.value().owner), std::move(items));
 }
 
 void CoordinationClient::publish_failure(const std::string& message, std::chrono::milliseconds bound) {

@@ -102,9 +102,9 @@ bool FrameReader::fill(std::size_t bytes, std::string& error) {
   return true;
 }
 
-bool FrameReader::read_into(std::string& item, std::size_t have, std::string& error) {
-  while (have < item.size()) {
-    const ssize_t n = ::recv(fd_, item.data() + have, item.size() - have, 0);
+bool FrameReader::read_into(char* into, std::size_t size, std::size_t have, std::string& error) {
+  while (have < size) {
+    const ssize_t n = ::recv(fd_, into + have, size - have, 0);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       error = receive_error(n);
@@ -117,26 +117,28 @@ bool FrameReader::read_into(std::string& item, std::size_t have, std::string& er
 }
 
 // A large frame is read straight into its own buffer (no copy through
-// buffer_), then decoded and its tag checked like any other.
+// buffer_), then decoded and its tag checked like any other. The buffer is
+// left uninitialized: its pages are taken as the bytes arrive, while process
+// 0's service gives back the parts it has sent (a zeroed one held the whole
+// reply beside them: 2x the payload on process 0).
 std::optional<wire::ReceivedFrame> FrameReader::stream(std::size_t frame_bytes, std::string& error) {
-  auto bytes = std::make_shared<std::string>(frame_bytes, '\0');
+  std::shared_ptr<char[]> buffer(new char[frame_bytes]);
   const std::size_t have = std::min(frame_bytes, buffer_.size());
-  buffer_.copy(bytes->data(), have);
+  buffer_.copy(buffer.get(), have);
   buffer_.erase(0, have);
-  if (!read_into(*bytes, have, error)) return std::nullopt;
-  auto decoded = wire::decode_views(*bytes, limit_);
+  if (!read_into(buffer.get(), frame_bytes, have, error)) return std::nullopt;
+  const std::string_view bytes(buffer.get(), frame_bytes);
+  auto decoded = wire::decode_views(bytes, limit_);
   if (decoded.status != wire::DecodeStatus::kFrame) {
     error = decoded.status == wire::DecodeStatus::kBad ? decoded.error : "a frame shorter than its length";
     return std::nullopt;
   }
   if (!key_.empty()) {
     if (!fill(auth::kTagBytes, error)) return std::nullopt;
-    if (!check_tag(auth::frame_tag(key_, sequence_++, *bytes), buffer_, decoded.type, error)) return std::nullopt;
+    if (!check_tag(auth::frame_tag(key_, sequence_++, bytes), buffer_, decoded.type, error)) return std::nullopt;
     buffer_.erase(0, auth::kTagBytes);
   }
-  wire::ReceivedFrame frame{decoded.type, nullptr, std::move(decoded.items)};
-  frame.bytes = std::move(bytes);
-  return frame;
+  return wire::ReceivedFrame{decoded.type, std::move(buffer), std::move(decoded.items)};
 }
 
 }  // namespace dew::runtime

@@ -35,7 +35,8 @@ class FrameReader {
 
  private:
   bool fill(std::size_t bytes, std::string& error);  // until buffer_ holds `bytes`
-  bool read_into(std::string& item, std::size_t have, std::string& error);
+  // Reads until `into` holds `size` bytes (`have` of them already).
+  bool read_into(char* into, std::size_t size, std::size_t have, std::string& error);
   std::optional<wire::ReceivedFrame> stream(std::size_t frame_bytes, std::string& error);
   // Whether the tag at the front of `received` is `expected`; if not, says
   // so in `error` and marks the connection altered.

@@ -383,22 +383,15 @@ std::string Pool::get(const std::string& key, std::chrono::milliseconds timeout)
   return *value;
 }
 
-Gathered::Gathered(std::shared_ptr<const std::string> bytes, std::vector<std::string_view> parts)
-    : bytes_(std::move(bytes)), parts_(std::move(parts)) {}
+Gathered::Gathered(std::shared_ptr<const void> owner, std::vector<std::string_view> parts)
+    : owner_(std::move(owner)), parts_(std::move(parts)) {}
 
-Gathered::Gathered(const std::vector<std::string>& parts) {
-  std::size_t total = 0;
-  for (const auto& part : parts) total += part.size();
-  auto bytes = std::make_shared<std::string>();
-  bytes->reserve(total);
-  for (const auto& part : parts) bytes->append(part);
-  parts_.reserve(parts.size());
-  std::size_t at = 0;
-  for (const auto& part : parts) {
-    parts_.push_back(std::string_view(*bytes).substr(at, part.size()));
-    at += part.size();
-  }
-  bytes_ = std::move(bytes);
+// The strings stay where they are (the vector is never changed again), so
+// views into them, short ones' inline bytes included, stay valid.
+Gathered::Gathered(std::vector<std::string> parts) {
+  auto owned = std::make_shared<const std::vector<std::string>>(std::move(parts));
+  parts_.assign(owned->begin(), owned->end());
+  owner_ = std::move(owned);
 }
 
 std::vector<std::string> Gathered::strings() const { return std::vector<std::string>(begin(), end()); }
@@ -429,7 +422,7 @@ Gathered Pool::all_gather(const std::string& bytes) {
       if (auto failed = state_->client->failure()) state_->end_for_peer(*failed);
       throw PoolError(gathered.error());
     }
-    return Gathered(gathered.value());
+    return Gathered(std::move(gathered.value()));
   }
   std::vector<int> missing;
   auto parts = state_->checked(state_->client->gather(name, bytes, state_->settings.agreement_patience, missing));

@@ -96,11 +96,12 @@ struct DecodedViews {
 };
 DecodedViews decode_views(std::string_view buffer, std::size_t max_frame_bytes);
 
-// A frame as read from a socket: its items view into its bytes, one buffer
-// that a gather's reply hands on whole to its caller (dew/pool.h Gathered).
+// A frame as read from a socket: its items view into one buffer, held by
+// `owner`, that a gather's reply hands on whole to its caller (dew/pool.h
+// Gathered).
 struct ReceivedFrame {
   Type type = Type::kHeartbeat;
-  std::shared_ptr<const std::string> bytes;
+  std::shared_ptr<const void> owner;
   std::vector<std::string_view> items;
 };
 

@@ -122,17 +122,18 @@ Result<Settings> resolve_settings(const Environment& env, const JoinOptions& opt
 
 // What the pool's calls throw: the Error's line as what(), and its code.
 // What all_gather returns: every process's bytes in rank order, as views
-// into one buffer it holds (the reply they came in). One allocation a round,
-// not one a process: at 1024 processes that was a fifth of a round's CPU.
-// Copies share the buffer; a view lives as long as some copy does.
+// into the buffer they came in (the service's reply, PMIx's strings), which
+// it holds. One allocation a round, not one a process: at 1024 processes
+// that was a fifth of a round's CPU. Copies share the buffer; a view lives
+// as long as some copy does.
 class Gathered {
  public:
   using const_iterator = std::vector<std::string_view>::const_iterator;
   Gathered() = default;
-  // `parts` view into `bytes`.
-  Gathered(std::shared_ptr<const std::string> bytes, std::vector<std::string_view> parts);
-  // Parts given as strings (PMIx's, a pool of one): copied into one buffer.
-  explicit Gathered(const std::vector<std::string>& parts);
+  // `parts` view into what `owner` holds.
+  Gathered(std::shared_ptr<const void> owner, std::vector<std::string_view> parts);
+  // Parts given as strings (PMIx's, a pool of one): kept, not copied.
+  explicit Gathered(std::vector<std::string> parts);
 
   std::size_t size() const { return parts_.size(); }
   bool empty() const { return parts_.empty(); }
@@ -146,7 +147,7 @@ class Gathered {
   std::vector<std::string> strings() const;
 
  private:
-  std::shared_ptr<const std::string> bytes_;
+  std::shared_ptr<const void> owner_;
   std::vector<std::string_view> parts_;
 };
 
