@@ -18,6 +18,7 @@
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "netns_cluster.h"
@@ -61,6 +62,16 @@ class NetnsFaults : public NetnsTestbed {
     return int(processes_with(program, {"DEW_TEST_CLUSTER=" + dir_}).size());
   }
 
+  // A pool step of `dew worker` that trains until something ends it. With
+  // `srun_wait`, srun ends the rest that many seconds after a first exit.
+  static std::vector<std::string> endless_worker_step(std::optional<int> srun_wait) {
+    std::vector<std::string> argv{"srun"};
+    if (srun_wait) argv.insert(argv.end(), {"-W", std::to_string(*srun_wait)});
+    argv.insert(argv.end(), {"--dew-pool", "-N2", "--ntasks-per-node=1", dew_exe(), "worker", "--steps", "100000",
+                             "--cache-dir", "off"});
+    return argv;
+  }
+
   // Seconds from `since` until no process of `program` is left (-1: some
   // still ran after `limit`).
   static double seconds_until_gone(const std::string& program, Clock::time_point since,
@@ -74,9 +85,7 @@ class NetnsFaults : public NetnsTestbed {
 // heartbeat timeout and ends, naming it; process 1, cut off, finds the
 // service silent and ends too (its line cannot reach srun).
 TEST_F(NetnsFaults, ALinkDownMidStepEndsEveryProcessAtTheHeartbeatTimeoutNamingTheLostPeer) {
-  Spawned step({"srun", "-W", "2", "--dew-pool", "-N2", "--ntasks-per-node=1", dew_exe(), "worker", "--steps", "100000",
-                "--cache-dir", "off"},
-               env({{"DEW_HEARTBEAT_TIMEOUT_SECONDS", "3"}}));
+  Spawned step(endless_worker_step(2), env({{"DEW_HEARTBEAT_TIMEOUT_SECONDS", "3"}}));
   ASSERT_TRUE(step.wait_for_output("step 5/", 60s)) << step.err();
   ASSERT_EQ(processes_of(dew_exe()), 2);
   const auto cut = Clock::now();
@@ -100,9 +109,7 @@ TEST_F(NetnsFaults, ALinkDownMidStepEndsEveryProcessAtTheHeartbeatTimeoutNamingT
 // from slurmctld, says so and ends srun, which exits 75 (the largest code it
 // heard).
 TEST_F(NetnsFaults, ALinkBackAfterTheTasksEndedNoLongerLeavesPlainSrunWaiting) {
-  Spawned step({"srun", "--dew-pool", "-N2", "--ntasks-per-node=1", dew_exe(), "worker", "--steps", "100000",
-                "--cache-dir", "off"},
-               env({{"DEW_HEARTBEAT_TIMEOUT_SECONDS", "3"}}));
+  Spawned step(endless_worker_step(std::nullopt), env({{"DEW_HEARTBEAT_TIMEOUT_SECONDS", "3"}}));
   ASSERT_TRUE(step.wait_for_output("step 5/", 60s)) << step.err();
   const auto cut = Clock::now();
   ASSERT_EQ(network({"cut", dir_, "n2", "down"}).exit_code, 0);
@@ -177,9 +184,7 @@ TEST_F(NetnsFaults, ALinkDownDuringACheckpointAgreementLeavesTheLastCompleteChec
 // process 0 ends at the heartbeat timeout naming process 1. Once the link
 // is back, n2's exits reach srun, which exits 75.
 TEST_F(NetnsFaults, ALinkDroppingToACrawlEndsEveryProcessAtTheHeartbeatTimeoutNamingTheSlowPeer) {
-  Spawned step({"srun", "--dew-pool", "-N2", "--ntasks-per-node=1", dew_exe(), "worker", "--steps", "100000",
-                "--cache-dir", "off"},
-               env({{"DEW_HEARTBEAT_TIMEOUT_SECONDS", "4"}}));
+  Spawned step(endless_worker_step(std::nullopt), env({{"DEW_HEARTBEAT_TIMEOUT_SECONDS", "4"}}));
   ASSERT_TRUE(step.wait_for_output("step 5/", 60s)) << step.err();
   const auto slowed = Clock::now();
   const auto crawl = network({"shape", dir_, "1kbit", "n2"});
