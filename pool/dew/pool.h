@@ -120,7 +120,6 @@ struct Settings {
 // Pure: options first, then the DEW_*_SECONDS variables, then the defaults.
 Result<Settings> resolve_settings(const Environment& env, const JoinOptions& options);
 
-// What the pool's calls throw: the Error's line as what(), and its code.
 // What all_gather returns: every process's bytes in rank order, as views
 // into the buffer they came in (the service's reply, PMIx's strings), which
 // it holds. One allocation a round, not one a process: at 1024 processes
@@ -151,6 +150,7 @@ class Gathered {
   std::vector<std::string_view> parts_;
 };
 
+// What the pool's calls throw: the Error's line as what(), and its code.
 class PoolError : public std::runtime_error {
  public:
   explicit PoolError(const Error& error, std::vector<int> late_ranks = {})
