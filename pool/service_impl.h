@@ -123,9 +123,16 @@ struct CoordinationService::Impl {
   };
 
   explicit Impl(ServiceConfig c)
-      : config(std::move(c)), acceptor(io), heartbeat(io), slow_check(io), accept_pause(io), clients(config.size) {}
+      : config(std::move(c)),
+        tail_key(auth::tail_key(config.secret)),
+        acceptor(io),
+        heartbeat(io),
+        slow_check(io),
+        accept_pause(io),
+        clients(config.size) {}
 
   ServiceConfig config;
+  std::string tail_key;  // the pool's, for the shared tails of gather replies (auth.h)
   asio::io_context io;
   tcp::acceptor acceptor;
   asio::steady_timer heartbeat;

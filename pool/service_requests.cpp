@@ -158,7 +158,7 @@ void CoordinationService::Impl::complete_gather(const std::string& round) {
   constexpr std::size_t kTrimPartBytes = std::size_t{1} << 20;
   Gathering& gathering = gatherings[round];
   std::vector<Chunk> tail;
-  auth::TailHasher tail_hasher(auth::tail_key(config.secret));
+  auth::TailHasher tail_hasher(tail_key);
   std::string run;
   std::size_t bytes = 0;
   const auto end_run = [&] {
