@@ -215,7 +215,10 @@ class Pools(unittest.TestCase):
                                  1, done.stderr)
                 self.assertEqual(done.stderr.count("[2] error: uncaught exception: RuntimeError: the data loader"), 1)
                 self.assertEqual(done.stderr.count("Traceback (most recent call last)"), 1, done.stderr)
-                self.assertIn("dew launch: rank 2 on localhost ended with exit code 1", done.stderr)
+                # dew launch names rank 2: by its own exit, or, when that comes over 200 ms after its peers'
+                # (a loaded machine under TSan, seen once in CI), by the cause its peers ended with.
+                self.assertRegex(done.stderr, "dew launch: rank 2 on localhost (ended with exit code 1|failed: its "
+                                 "peers ended because uncaught exception: RuntimeError: the data loader of rank 2)")
                 self.assertIn("in load_batch", done.stderr)
 
     def test_peers_blocked_in_c_code_or_an_agreement_end_with_75_by_themselves(self):
