@@ -20,6 +20,7 @@
 #include "dew/text.h"
 #include "dew/topology.h"
 #include "dew/train.h"
+#include "layout.h"
 
 namespace dew::train {
 namespace {
