@@ -5,9 +5,11 @@
 // Where each callback runs (see spank(8)):
 //   slurm_spank_init             srun, sbatch/salloc, slurmstepd: read plugstack.conf args, register options
 //   option callbacks             srun/sbatch (validate), slurmstepd (the values srun carried)
-//   slurm_spank_init_post_opt    srun, sbatch/salloc: check the options against each other;
-//                                srun: draw the step's pool secret
-//   slurm_spank_task_init        slurmstepd, per task, before exec: the task's environment
+//   slurm_spank_init_post_opt    srun, sbatch/salloc: refuse a Dew step if plugstack.conf is bad, check the
+//                                options against each other; srun: draw the step's pool secret;
+//                                slurmstepd: log a bad plugstack.conf, once per node and step
+//   slurm_spank_task_init        slurmstepd, per task, before exec: refuse a Dew step if plugstack.conf is bad;
+//                                the task's environment
 //   slurm_spank_task_exit        slurmstepd, per task: kill-on-bad-exit
 //   slurm_spank_local_user_init  srun, once the step exists: process 0's node address; srun's watch starts
 //   slurm_spank_exit             slurmstepd: the step ender's thread stops; srun: its watch stops
@@ -18,6 +20,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,8 +58,9 @@ constexpr std::uint32_t kFirstSpecialStep = 0xfffffff0u;
 constexpr std::chrono::microseconds kLinePause{100000};
 
 PlugstackConfig g_config;
-// A bad plugstack.conf seen in slurmstepd: its errors there reach only the
-// slurmd log, so the message waits for task_init, whose errors reach srun.
+// A plugstack.conf line that does not parse: kept, not fatal, so that steps
+// that never ask for Dew still run; judge_plugstack_fault() refuses the
+// others once their options are known.
 std::optional<Error> g_config_error;
 PoolOptions g_options;
 // Per slurmstepd (one node's tasks of one step): whether this node has
@@ -127,6 +131,13 @@ const char* option_name(int id) {
 }
 
 SeenOptions g_seen_options;
+
+// The --dew-* options this step (or job) was given: none, it did not ask for Dew.
+std::vector<std::string> dew_options_given() {
+  std::vector<std::string> names;
+  for (const auto& [option, value] : g_seen_options) names.push_back(option);
+  return names;
+}
 
 int on_option(int id, const char* optarg, int /*remote*/) {
   return guarded("option", [&] {
@@ -235,6 +246,41 @@ bool special_step(spank_t sp) {
   return !get_item(sp, S_JOB_STEPID, step) || step >= kFirstSpecialStep;
 }
 
+// What a step on this node asked for: a step Slurm runs for itself (a batch
+// script, even of an `sbatch --dew-pool` job) forms no pool and runs.
+std::vector<std::string> step_dew_options(spank_t sp) {
+  return special_step(sp) ? std::vector<std::string>() : dew_options_given();
+}
+
+// Says a verdict's line where judge_plugstack_fault() sends it; `sp` names
+// the node in a task's line. True when the step is refused.
+bool apply(const FaultVerdict& verdict, spank_t sp = nullptr) {
+  const char* line = verdict.line.c_str();
+  switch (verdict.line_to) {
+    case FaultLineTo::kNowhere:
+      break;
+    case FaultLineTo::kDebug:
+      slurm_debug("dew: %s", line);
+      break;
+    case FaultLineTo::kInfo:
+      slurm_info("dew: %s", line);
+      break;
+    case FaultLineTo::kError:
+      slurm_error("dew: %s", line);
+      break;
+    case FaultLineTo::kTaskStderr: {
+      // Straight to the task's stderr, which srun prints: slurm_error here
+      // would also put it in slurmd's log once per task.
+      const auto node = sp ? task_getenv(sp, "SLURMD_NODENAME") : std::nullopt;
+      const std::string text = "error: dew: " + (node ? *node + ": " : std::string()) + verdict.line + "\n";
+      const auto written = write(STDERR_FILENO, text.data(), text.size());
+      static_cast<void>(written);  // nothing else to tell: the refusal stands
+      break;
+    }
+  }
+  return verdict.refuse;
+}
+
 // srun's lookup (below), for the node that runs process 0 in this step.
 void take_rank0_address(TaskFacts& facts, const std::optional<std::string>& carried) {
   if (!carried) return;
@@ -246,12 +292,17 @@ void take_rank0_address(TaskFacts& facts, const std::optional<std::string>& carr
 }
 
 int task_init(spank_t sp) {
-  if (g_config_error) return report(*g_config_error), -1;
   auto secret = task_getenv(sp, kSecretCarrier);
   spank_unsetenv(sp, kSecretCarrier);  // never left in a task: it reads DEW_POOL_SECRET
   auto rank0_address = task_getenv(sp, kRank0AddressCarrier);
   spank_unsetenv(sp, kRank0AddressCarrier);
-  if (!g_options.pool || special_step(sp)) return 0;
+  // Defence in depth: srun read a good plugstack.conf, this node a bad one.
+  int local_task = 0;
+  const bool first_task = get_item(sp, S_TASK_ID, local_task) && local_task == 0;
+  if (apply(judge_plugstack_fault(FaultSite::kNodeTask, g_config_error, step_dew_options(sp), first_task), sp)) {
+    return -1;
+  }
+  if (!g_options.pool || special_step(sp) || g_config_error) return 0;
   auto facts = gather_task_facts(sp);
   if (!facts.ok()) return report(facts.error()), -1;
   facts.value().pool_secret = std::move(secret);
@@ -273,7 +324,8 @@ int task_init(spank_t sp) {
 }
 
 int task_exit(spank_t sp) {
-  if (!g_options.pool || special_step(sp)) return 0;
+  // (A bad plugstack.conf: a pool step's tasks were refused before exec.)
+  if (!g_options.pool || special_step(sp) || g_config_error) return 0;
   if (!g_options.kill_on_bad_exit.value_or(g_config.kill_on_bad_exit)) return 0;
   int status = 0;
   std::uint32_t rank = 0, job = 0, step = 0;
@@ -353,13 +405,13 @@ int slurm_spank_init(spank_t sp, int ac, char** av) {
   return guarded("init", [&] {
     const auto context = spank_context();
     if (context != S_CTX_LOCAL && context != S_CTX_REMOTE && context != S_CTX_ALLOCATOR) return 0;
+    // A bad line fails nothing here: failing init would fail every srun,
+    // and every step on the nodes, Dew or not (init_post_opt judges it).
     auto config = parse_plugstack_args(std::vector<std::string>(av, av + ac));
-    if (!config.ok() && context == S_CTX_REMOTE) {
-      g_config_error = config.error();
-    } else if (!config.ok()) {
-      return report(config.error()), -1;
-    } else {
+    if (config.ok()) {
       g_config = config.value();
+    } else {
+      g_config_error = config.error();
     }
     for (auto& option : g_option_table) {
       if (spank_option_register(sp, &option) != ESPANK_SUCCESS) {
@@ -371,10 +423,18 @@ int slurm_spank_init(spank_t sp, int ac, char** av) {
   });
 }
 
-int slurm_spank_init_post_opt(spank_t, int, char**) {
+int slurm_spank_init_post_opt(spank_t sp, int, char**) {
   return guarded("init_post_opt", [&] {
     const auto context = spank_context();
+    // slurmstepd: once per node and step, the line for slurmd's log; the
+    // tasks of a Dew step are refused in task_init, whose lines reach srun.
+    if (context == S_CTX_REMOTE)
+      return apply(judge_plugstack_fault(FaultSite::kNodeStep, g_config_error, step_dew_options(sp))) ? -1 : 0;
     if (context != S_CTX_LOCAL && context != S_CTX_ALLOCATOR) return 0;
+    // Before anything is allocated or run, and once, whatever options were given.
+    const auto site = context == S_CTX_LOCAL ? FaultSite::kSrun : FaultSite::kAllocator;
+    if (apply(judge_plugstack_fault(site, g_config_error, dew_options_given()))) return -1;
+    if (g_config_error) return 0;  // a step without --dew-* options: nothing to check or draw
     auto checked = check_pool_options(g_options);
     if (!checked.ok()) return report(checked.error()), -1;
     // Drawn here, not in local_user_init: with --export=NONE srun has taken

@@ -77,6 +77,40 @@ Result<Done> note_option(SeenOptions& seen, std::string_view option, std::string
 // Options that only make sense together (checked once all are parsed).
 Result<PoolOptions> check_pool_options(PoolOptions options);
 
+// ------------------------------------------ a plugstack.conf that is bad ---
+
+// An admin's typo on the plugstack.conf line must not stop steps that never
+// asked for Dew: it is judged where the plugin first knows whether a step
+// (or job) asked, and only those that did are refused.
+enum class FaultSite {
+  kSrun,       // srun, options parsed (init_post_opt): before anything is allocated or run
+  kAllocator,  // sbatch/salloc, options parsed: before the job is submitted
+  kNodeStep,   // slurmstepd, once per node and step (init_post_opt): writes reach slurmd's log only
+  kNodeTask,   // slurmstepd, per task just before exec (task_init): the task's stderr reaches srun
+};
+
+enum class FaultLineTo {
+  kNowhere,
+  kDebug,       // slurm_debug: srun -vv, or slurmd's log at debug level
+  kInfo,        // slurm_info: slurmd's log
+  kError,       // slurm_error: the user's stderr in srun/sbatch/salloc, slurmd's log on a node
+  kTaskStderr,  // the task's own stderr, which srun prints (slurm_error there would also log once per task)
+};
+
+struct FaultVerdict {
+  bool refuse = false;  // the callback fails: the step (or job) does not run
+  FaultLineTo line_to = FaultLineTo::kNowhere;
+  std::string line;  // one line, without the "dew: " prefix
+};
+
+// What to do at `site` given the plugstack.conf's parse error (nullopt: it
+// parsed) and the --dew-* options the step (or job) was given (none: it did
+// not ask for Dew; steps Slurm runs for itself, such as a batch script, pass
+// none). `first_task_on_node`: at kNodeTask, whether this is the node's local
+// task 0, which alone says why, so srun shows the line once per node.
+FaultVerdict judge_plugstack_fault(FaultSite site, const std::optional<Error>& config_error,
+                                   const std::vector<std::string>& dew_options, bool first_task_on_node = true);
+
 // ------------------------------------------------------ the task's env ---
 
 // What slurmstepd knows about one task, gathered by the SPANK edge.
