@@ -137,7 +137,7 @@ TEST(LaunchPlan, FourLocalProcessesGetTheirIdentities) {
     EXPECT_EQ(p.rank, k);
     EXPECT_TRUE(p.local);
     EXPECT_EQ(p.host, "localhost");
-    EXPECT_EQ(p.cwd, "/work/here");
+    EXPECT_EQ(p.cwd, "/srv/here");
     EXPECT_EQ(p.argv, o.command);
     auto env = env_map(p);
     EXPECT_EQ(env["DEW_PROCESS_ID"], std::to_string(k));
@@ -186,7 +186,7 @@ TEST(LaunchPlan, RanksRunHostByHostAndRemoteOnesGoOverSsh) {
       std::vector<std::string>(remote.argv.begin(), remote.argv.begin() + 9),
       ElementsAre("ssh", "-o", "BatchMode=yes", "-F", "/etc/dew/ssh_config", "-o", "Port=2222", "--", "alice@node1"));
   EXPECT_THAT(remote.argv[9], StartsWith("sh -c 'IFS= read -r DEW_POOL_SECRET"));
-  EXPECT_THAT(remote.argv[9], HasSubstr("cd -- /work/here || exit 126; "));
+  EXPECT_THAT(remote.argv[9], HasSubstr("cd -- /srv/here || exit 126; "));
   EXPECT_THAT(remote.argv[9], Not(HasSubstr(std::string(64, 'a')))) << "the secret never goes on a command line";
   EXPECT_TRUE(plan.processes[4].local);
 }
@@ -247,7 +247,7 @@ TEST(LaunchPlan, TooFewDevicesOnAHostGiveTheCounts) {
 TEST(LaunchPlan, CwdAndPrivateDirs) {
   auto o = options_with({"x"});
   o.cwd = "sub/dir";
-  EXPECT_EQ(planned(o, {}, facts()).processes[0].cwd, "/work/here/sub/dir");
+  EXPECT_EQ(planned(o, {}, facts()).processes[0].cwd, "/srv/here/sub/dir");
   o.cwd = "/abs";
   EXPECT_EQ(planned(o, {}, facts()).processes[0].cwd, "/abs");
   o.cwd = "";
@@ -355,7 +355,7 @@ TEST(DryRun, OneLinePerProcessThatPastesIntoBash) {
   auto plan = planned(o, {{"V", "a\nb"}}, facts());
   const std::string local = dry_run_line(plan.processes[0]);
   EXPECT_EQ(local,
-            "0 localhost: env -C /work/here DEW_PROCESS_ID=0 DEW_PROCESS_COUNT=2 DEW_LOCAL_PROCESS_ID=0 "
+            "0 localhost: env -C /srv/here DEW_PROCESS_ID=0 DEW_PROCESS_COUNT=2 DEW_LOCAL_PROCESS_ID=0 "
             "DEW_LOCAL_PROCESS_COUNT=1 DEW_COORDINATOR_ADDRESS=me:41234 DEW_POOL_SECRET=" +
                 std::string(64, 'a') +
                 " DEW_LINES_PREFIXED=1 DEW_FRAMEWORK_COORDINATOR=me:11234 JAX_COORDINATOR_ADDRESS=me:11234 "
