@@ -161,7 +161,7 @@ Result<std::string> coordinator_host(const TaskFacts& facts, const PoolOptions& 
 Result<GpuBindingInput> task_gpu_binding(const TaskFacts& facts, const PoolOptions& options,
                                          const PlugstackConfig& config, std::vector<std::string>& notes);
 
-// Everything a task of a pool step gets (see README: "What a task gets").
+// Everything a task of a pool step gets (docs/guide/srun.md, "What every task gets").
 Result<EnvPlan> plan_task_environment(const TaskFacts& facts, const PoolOptions& options,
                                       const PlugstackConfig& config);
 

@@ -1,7 +1,7 @@
 // Every timing of Dew's failure handling in one place, each with the race it
 // bounds. The pool's defaults can be changed per run (DEW_*_SECONDS,
-// JoinOptions); the rest are fixed. See docs/design/ and the README's
-// "How a pool fails" for the whole path.
+// JoinOptions); the rest are fixed. See docs/design/ and
+// docs/guide/failures.md for the whole path.
 #pragma once
 
 #include <chrono>

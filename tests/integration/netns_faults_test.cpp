@@ -2,12 +2,12 @@
 // outside the pool: n2's link taken down mid-step, during the join and
 // while process 0 waits at a checkpoint's agreement, and n2's link dropped
 // to a crawl (1 kbit/s). Every process ends within the documented bound
-// (README, "Network faults"): the heartbeat timeout (3-4 s here) and a
+// (docs/guide/failures.md, "Network faults"): the heartbeat timeout (3-4 s here) and a
 // second or two to leave, or the join timeout; process 0 names the lost
 // peer; srun ends and exits 75. srun runs with -W 2: a node cut off cannot
 // send srun its tasks' exits, and plain srun waits until Slurm sets the node
 // DOWN (SlurmdTimeout: 10 s on this cluster, 27 s from the cut to srun's
-// end; 300 s by default), which these tests leave to the README. A link
+// end; 300 s by default), which these tests leave to that page. A link
 // that comes back after the tasks ended no longer leaves plain srun waiting
 // for ever: its plugin ends it (srun_watch.h).
 #include <gmock/gmock.h>

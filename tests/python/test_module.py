@@ -252,7 +252,7 @@ class Pools(unittest.TestCase):
 # (tests/python/tsan_python.cpp); a venv's python is Debian's python3, which cannot load it.
 @unittest.skipIf(os.environ.get("DEW_SANITIZE") == "thread", "a venv's python3 cannot load a TSan-built module")
 class Venv(unittest.TestCase):
-    """The README's virtualenv: made from Debian's python3 with --system-site-packages, it imports dew (and
+    """The virtualenv of docs/guide/python.md: made from Debian's python3 with --system-site-packages, it imports dew (and
     numpy) from the system's site directory, and a pool of its interpreter runs under dew launch."""
 
     def test_the_module_imports_in_a_venv_with_system_site_packages_and_runs_a_pool(self):

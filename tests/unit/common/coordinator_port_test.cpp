@@ -50,7 +50,7 @@ TEST(DerivePort, SameStepOfTwoJobsMeetsOnlyEvery625JobsInTheDefaultRange) {
   for (std::uint32_t gap = 1; gap < 625; ++gap) {
     EXPECT_NE(derive_port(5000, 0, range), derive_port(5000 + gap, 0, range)) << gap;
   }
-  EXPECT_EQ(derive_port(5000, 0, range), derive_port(5625, 0, range)) << "the README's stated period";
+  EXPECT_EQ(derive_port(5000, 0, range), derive_port(5625, 0, range)) << "the period docs/admin.md states";
 }
 
 TEST(PortFromRandom, StaysInTheDefaultRangeBelowTheEphemeralPorts) {
