@@ -5,6 +5,7 @@
 #include <fstream>
 #include <set>
 
+#include "process.h"
 #include "slurm_cluster.h"
 #include "srun_output.h"
 
@@ -14,13 +15,6 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
 using namespace std::chrono_literals;
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 // Submits a template and waits for it; returns its output file's text.
 std::string submit(const std::string& name, const std::vector<std::string>& args, bool expect_success = true,

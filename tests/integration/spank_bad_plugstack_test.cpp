@@ -36,13 +36,6 @@ constexpr const char* kTypoError =
     "8760h), or off";
 const std::vector<std::string> kNodes = {"n1", "n2"};
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 std::vector<std::string> lines_of(const std::string& text) {
   std::vector<std::string> lines;
   std::istringstream stream(text);

@@ -55,6 +55,19 @@ with tempfile.TemporaryDirectory() as project:
     if "a.cpp does not compile" in caught.stdout:
         fail("check-includes blamed a.cpp, which includes what it uses", caught)
 
+    # A tree without unity that compiled a.cpp and main.cpp alone (not
+    # b.cpp): those are skipped, b.cpp is still checked and named.
+    alone = run(["meson", "setup", "alone", "-Dunity=off"], project)
+    objects = run(["ninja", "-C", "alone", "p.p/a.cpp.o", "p.p/main.cpp.o"], project)
+    if alone.returncode != 0 or objects.returncode != 0:
+        fail("the tree without unity should compile a.cpp and main.cpp", objects)
+    rest = run([sys.executable, check, "build", "--compiled-alone-in", "alone"], project)
+    if rest.returncode != 1 or "b.cpp does not compile on its own" not in rest.stdout:
+        fail("check-includes --compiled-alone-in should still check and name b.cpp", rest)
+    if "2 sources of unity blocks were compiled on their own in alone" not in rest.stdout \
+            or "0 of 1 sources" not in rest.stdout:
+        fail("check-includes --compiled-alone-in should skip a.cpp and main.cpp and check only b.cpp", rest)
+
     with open(os.path.join(project, "b.cpp"), "w") as out:
         out.write('#include "helper.h"\n' + FILES["b.cpp"])
     fixed = run([sys.executable, check, "build"], project)

@@ -41,14 +41,14 @@ std::string temp_file(const char* what) {
   return path;
 }
 
+}  // namespace
+
 std::string slurp(const std::string& path) {
   std::ifstream in(path);
   std::ostringstream text;
   text << in.rdbuf();
   return text.str();
 }
-
-}  // namespace
 
 RunResult run(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
               std::chrono::milliseconds timeout) {

@@ -65,6 +65,9 @@ std::uint16_t free_loopback_port();
 // among those of other tests and shards (namespaces share the process table).
 std::vector<int> processes_with(const std::string& program, const std::set<std::string>& variables);
 
+// The whole text of the file at `path` ("" when it cannot be read).
+std::string slurp(const std::string& path);
+
 // How many times `needle` occurs in `text`.
 int occurrences(const std::string& text, const std::string& needle);
 
