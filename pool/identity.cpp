@@ -261,6 +261,29 @@ Environment current_environment() {
 
 namespace {
 
+// torchrun (any torch elastic agent) starts each worker with
+// TORCHELASTIC_RUN_ID beside its own RANK and WORLD_SIZE: the worker belongs
+// to torchrun's rendezvous. A pool formed from any other fact would be
+// wrong: from none, "alone" (one pool a worker, each rewriting torchrun's
+// RANK to 0); from a Slurm step, one SLURM_PROCID for all the workers of a
+// task. So the join refuses, naming torchrun's facts and the launcher's
+// that disagree, and nothing is rewritten.
+std::optional<Error> refusal_under_torchrun(const Environment& env, RankSource source) {
+  const auto run_id = lookup(env, "TORCHELASTIC_RUN_ID");
+  if (!run_id) return std::nullopt;
+  const auto fact = [&env](const std::string& name) { return name + "=" + lookup(env, name).value_or("(unset)"); };
+  std::string message = "this process is a worker of torchrun (TORCHELASTIC_RUN_ID=" + quoted(*run_id) + ", " +
+                        fact("RANK") + ", " + fact("WORLD_SIZE") + ", " + fact("LOCAL_RANK") + ")";
+  if (const char* rank_name = rank_variable(source)) {
+    message += ", started by a launcher whose " + fact(rank_name) +
+               " counts torchrun's agents, not its workers, so the two disagree";
+  }
+  return unsupported(message +
+                     "; Dew forms its pool from the launcher that starts each process of the script: run "
+                     "`srun --dew-pool ... python SCRIPT` or `dew launch ... python SCRIPT` instead of torchrun "
+                     "(both set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT as torchrun does)");
+}
+
 Result<Identity> identity_of_source(const Environment& env, const JoinOptions& options) {
   if (options.rank || options.size) {
     if (!options.rank || !options.size)
@@ -296,6 +319,7 @@ Result<Identity> identity_of_source(const Environment& env, const JoinOptions& o
 
   Result<Identity> found = Identity{};
   const RankSource source = rank_source(env);
+  if (auto refusal = refusal_under_torchrun(env, source)) return *refusal;
   if (source == RankSource::kPmix) {
     Identity id;
     id.source = PoolSource::kPmix;

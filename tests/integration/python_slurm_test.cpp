@@ -135,6 +135,32 @@ TEST(PythonSlurm, ATorchRankRaisingAtStep5EndsTheStepWithinASecondNamedOnce) {
   EXPECT_EQ(occurrences(r.err, "dew: rank 2 ended with exit code 1"), 1) << describe(r);
 }
 
+// PyTorch's own Slurm recipe, `srun torchrun --nnodes N --rdzv_backend c10d`,
+// with the plugin's MASTER_ADDR:MASTER_PORT as the rendezvous: each of the
+// four workers refuses prepare_process() naming torchrun's RANK and Slurm's
+// SLURM_PROCID, and nothing trains (no clash of two workers on one task's
+// rank, no pool of one). (Debian's torchrun, torch 1.13, crashes at start on
+// Python 3.11 unless told where its workers' output goes: --redirects, --tee.)
+TEST(PythonSlurm, PrepareProcessUnderSrunTorchrunRefusesNamingBothLaunchersFacts) {
+  if (module_dir().empty()) GTEST_SKIP() << "the dew Python module is not built (pybind11-dev missing)";
+  if (!have_torch()) GTEST_SKIP() << "python3-torch is not installed (scripts/install-deps installs it)";
+  TempDir dir;
+  const std::string out = dir.path() + "/losses.json";
+  auto r = cluster().srun(
+      {"--dew-pool", "-N2", "--ntasks-per-node=1", "/bin/bash", "-c",
+       "exec /usr/bin/python3 -m torch.distributed.run --nnodes 2 --nproc_per_node 2 "
+       "--rdzv_backend c10d --rdzv_endpoint \"$MASTER_ADDR:$MASTER_PORT\" --redirects 1 --tee 1 "
+       "--log_dir " +
+           dir.path() + "/logs-$SLURM_PROCID " + source("tests/python/torch_ddp.py") + " --dew --out " + out},
+      {{"PYTHONPATH", module_dir()}}, 120s);
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  EXPECT_FALSE(std::ifstream(out).good()) << "a worker trained and wrote rank 0's losses";
+  EXPECT_GE(occurrences(r.err, "this process is a worker of torchrun"), 1) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("SLURM_PROCID=")) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("counts torchrun's agents, not its workers")) << describe(r);
+  EXPECT_THAT(r.err, ::testing::Not(HasSubstr("is already connected"))) << describe(r);
+}
+
 // What JAX's coordinator (and torch's TCPStore) does after prepare_process():
 // process 0 binds the framework's address, the others connect; never Dew's port.
 TEST(PythonSlurm, TheFrameworksCoordinatorIsBoundByProcess0AndReachedByThePeers) {

