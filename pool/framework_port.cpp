@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "dew/coordinator_port.h"
 #include "dew/framework_env.h"
 #include "dew/hex.h"
 #include "dew/log.h"
@@ -43,7 +44,28 @@ Result<std::uint16_t> choose_free_port(std::uint16_t avoid) {
                      " for the framework's coordinator on this host (200 tries); set DEW_FRAMEWORK_COORDINATOR");
 }
 
-// Process 0's choice: the launcher's, checked free, or a port of its own.
+// How many ports past a launcher's taken one process 0 tries.
+constexpr unsigned kFrameworkPortSteps = 64;
+
+// The launcher's port is in use on process 0's host (another job's server, a
+// stale listener): the first free port after it. The pool agrees on it like
+// on any choice of process 0, and prepare_process() sets MASTER_PORT and
+// JAX_COORDINATOR_ADDRESS to it, so the framework binds where it can.
+Result<Address> step_past_taken_port(const Address& taken, const std::string& from, std::uint16_t dew_port) {
+  for (unsigned step = 1; step <= kFrameworkPortSteps; ++step) {
+    const std::uint16_t port = stepped_port(taken.port, step);
+    if (port == dew_port || !port_free_here(port)) continue;
+    log_warn("the framework's coordinator port " + std::to_string(taken.port) + " (" + from +
+             ") is in use on this host; the pool uses " + std::to_string(port) +
+             " instead (MASTER_PORT and JAX_COORDINATOR_ADDRESS after dew.prepare_process())");
+    return Address{taken.host, port};
+  }
+  return unavailable("the framework's coordinator port " + std::to_string(taken.port) + " (" + from + ") and the " +
+                     std::to_string(kFrameworkPortSteps) +
+                     " ports after it are in use on this host; set DEW_FRAMEWORK_COORDINATOR to a free host:port");
+}
+
+// Process 0's choice: the launcher's, stepped past when taken, or a port of its own.
 Address framework_choice(const Pool::State& state) {
   const Identity& id = state.identity;
   const std::uint16_t dew_port = state.service ? state.service->port() : 0;
@@ -52,13 +74,10 @@ Address framework_choice(const Pool::State& state) {
       throw PoolError(invalid_argument(id.framework_coordinator_from + "=" + id.framework_coordinator->text() +
                                        " is Dew's own coordinator port; allowed: a port of its own"));
     }
-    if (!port_free_here(id.framework_coordinator->port)) {
-      log_warn("the framework's coordinator port " + std::to_string(id.framework_coordinator->port) + " (" +
-               id.framework_coordinator_from +
-               ") is in use on this host: jax.distributed or torch.distributed "
-               "will fail to listen there");
-    }
-    return *id.framework_coordinator;
+    if (port_free_here(id.framework_coordinator->port)) return *id.framework_coordinator;
+    auto stepped = step_past_taken_port(*id.framework_coordinator, id.framework_coordinator_from, dew_port);
+    if (!stepped.ok()) throw PoolError(stepped.error());
+    return stepped.value();
   }
   auto port = choose_free_port(dew_port);
   if (!port.ok()) throw PoolError(port.error());

@@ -28,4 +28,8 @@ std::uint16_t derive_port(std::uint32_t job_id, std::uint32_t step_id, PortRange
 // A port of `range` from a random number: low + random mod the range's size.
 std::uint16_t port_from_random(std::uint32_t random, PortRange range = {});
 
+// The port `step` places after `port`, for stepping past a port in use:
+// port + step, wrapping from 65535 to 1024 (the ports below need root).
+std::uint16_t stepped_port(std::uint16_t port, unsigned step);
+
 }  // namespace dew

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -159,6 +160,33 @@ TEST(PythonSlurm, PrepareProcessUnderSrunTorchrunRefusesNamingBothLaunchersFacts
   EXPECT_THAT(r.err, HasSubstr("SLURM_PROCID=")) << describe(r);
   EXPECT_THAT(r.err, HasSubstr("counts torchrun's agents, not its workers")) << describe(r);
   EXPECT_THAT(r.err, ::testing::Not(HasSubstr("is already connected"))) << describe(r);
+}
+
+// Another server already listens on the framework port the plugin derives
+// (a range of one port makes it known: 15000) on rank 0's node: with
+// prepare_process() the pool steps past it, and the DDP script trains.
+TEST(PythonSlurm, ATakenFrameworkPortIsSteppedPastAndTheStepTrains) {
+  if (module_dir().empty()) GTEST_SKIP() << "the dew Python module is not built (pybind11-dev missing)";
+  if (!have_torch()) GTEST_SKIP() << "python3-torch is not installed (scripts/install-deps installs it)";
+  TempDir dir;
+  Spawned listener({"srun", "-w", "n1", "-N1", "-n1", "/usr/bin/python3", "-c",
+                    "import socket, time\n"
+                    "s = socket.socket(); s.bind(('0.0.0.0', 15000)); s.listen(); print('LISTENING', flush=True)\n"
+                    "time.sleep(300)"},
+                   cluster().client_env());
+  ASSERT_TRUE(listener.wait_for_output("LISTENING", 30s)) << listener.err();
+  cluster().set_plugstack_args("framework_port_range=15000-15000");
+  const std::string out = dir.path() + "/losses.json";
+  auto r = cluster().srun({"--dew-pool", "-N2", "--ntasks-per-node=2", "/usr/bin/python3",
+                           source("tests/python/torch_ddp.py"), "--dew", "--out", out},
+                          {{"PYTHONPATH", module_dir()}}, 120s);
+  cluster().set_plugstack_args("");
+  listener.signal(SIGTERM);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_EQ(losses_in(out).size(), 8u) << r.out;
+  EXPECT_THAT(r.err, HasSubstr("the framework's coordinator port 15000 (DEW_FRAMEWORK_COORDINATOR) is in use on "
+                               "this host; the pool uses 15001 instead"))
+      << describe(r);
 }
 
 // What JAX's coordinator (and torch's TCPStore) does after prepare_process():

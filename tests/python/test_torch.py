@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -98,6 +99,22 @@ class TorchDdp(unittest.TestCase):
                 done, _ = start(4, DDP, "--dew", "--out", out)
                 self.assertEqual(done.returncode, 0, done.stderr)
                 self.check_against_one_process(out, 4)
+
+    def test_a_taken_framework_port_is_stepped_past_and_the_script_trains(self):
+        if shutil.which("mpirun") is None:
+            self.skipTest("mpirun not installed (openmpi-bin, from scripts/install-deps)")
+        with socket.socket() as listener:  # another server on the port the launcher gave
+            listener.bind(("0.0.0.0", 0))
+            listener.listen()
+            taken = listener.getsockname()[1]
+            out = os.path.join(self.dir, "stepped.json")
+            done, _ = run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4", "-x", "PYTHONPATH",
+                           "-x", f"DEW_FRAMEWORK_COORDINATOR=127.0.0.1:{taken}", PYTHON, DDP, "--dew", "--out", out])
+        self.assertEqual(done.returncode, 0, done.stderr)
+        got = self.check_against_one_process(out, 4)
+        self.assertNotEqual(got["env"]["MASTER_PORT"], str(taken))
+        self.assertIn(f"the framework's coordinator port {taken} (DEW_FRAMEWORK_COORDINATOR) is in use on this host; "
+                      f"the pool uses {got['env']['MASTER_PORT']} instead", done.stderr)
 
     def test_a_rank_raising_at_step_5_ends_every_process_within_a_second_named_once(self):
         for keep_alive in (False, True):

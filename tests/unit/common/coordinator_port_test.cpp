@@ -61,5 +61,17 @@ TEST(PortFromRandom, StaysInTheDefaultRangeBelowTheEphemeralPorts) {
   EXPECT_EQ(port_from_random(7, PortRange{31000, 31001}), 31001);
 }
 
+TEST(SteppedPort, StepsForwardAndWrapsPastTheTopToTheFirstUnprivilegedPort) {
+  EXPECT_EQ(stepped_port(15000, 1), 15001);
+  EXPECT_EQ(stepped_port(15000, 64), 15064);
+  EXPECT_EQ(stepped_port(65535, 1), 1024);
+  EXPECT_EQ(stepped_port(65530, 10), 1028);
+  EXPECT_EQ(stepped_port(80, 1), 1025);  // a privileged port steps from 1024
+  std::set<std::uint16_t> seen;
+  for (unsigned step = 1; step <= 64; ++step) seen.insert(stepped_port(65500, step));
+  EXPECT_EQ(seen.size(), 64u);
+  EXPECT_EQ(seen.count(65500), 0u);
+}
+
 }  // namespace
 }  // namespace dew
