@@ -5,6 +5,7 @@
 // uncaught exceptions become published failures.
 #include "failure.h"
 
+#include <cxxabi.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -53,13 +54,24 @@ void run_before_exit(std::chrono::milliseconds bound, int exit_code) {
   };
   auto done = std::make_shared<Done>();
   std::thread([hook = std::move(hook), done, exit_code] {
+    // Says "done" however the hook ends, an unwinding by pthread_exit included.
+    struct MarkDone {
+      Done& done;
+      ~MarkDone() {
+        std::lock_guard lock(done.mutex);
+        done.done = true;
+        done.changed.notify_all();
+      }
+    } mark{*done};
     try {
       hook(exit_code);
+    } catch (abi::__forced_unwind&) {
+      // pthread_exit: Python ends a thread that takes its lock while the
+      // interpreter finalizes. The unwinding must go on: swallowing it
+      // aborts the process ("FATAL: exception not rethrown").
+      throw;
     } catch (...) {  // the process is ending: nothing to report it to
     }
-    std::lock_guard lock(done->mutex);
-    done->done = true;
-    done->changed.notify_all();
   }).detach();
   std::unique_lock lock(done->mutex);
   done->changed.wait_for(lock, bound, [&] { return done->done; });

@@ -69,6 +69,16 @@ TEST(LocalPool, FailExitsWithItsOwnCodeAndPeersWithTheDocumentedOne) {
   EXPECT_THAT(pool.ranks[0]->err(), HasSubstr("[0] ending: process 1 failed: data loader raised on rank 1"));
 }
 
+// A before-exit hook whose thread is ended by pthread_exit (Python ends a
+// thread that takes its lock while the interpreter finalizes) still lets the
+// process end with its own code: the unwinding was once swallowed, and the
+// process aborted ("FATAL: exception not rethrown", SIGABRT).
+TEST(LocalPool, AHookThreadEndedByPthreadExitStillEndsWithTheFailuresCode) {
+  LocalPool pool(2, {"fail-hook-exits-thread", "1", "7"});
+  EXPECT_EQ(pool.wait_all(20s), std::vector<int>({75, 7})) << pool.describe();
+  EXPECT_THAT(pool.all_output(), ::testing::Not(HasSubstr("exception not rethrown"))) << pool.describe();
+}
+
 // A failed process never exits 0 (a launcher would count it a success).
 TEST(LocalPool, FailWithCodeZeroStillFails) {
   LocalPool pool(2, {"fail", "1", "0"});

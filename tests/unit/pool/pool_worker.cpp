@@ -18,6 +18,7 @@
 //                                   process 0 prints each round's milliseconds
 //   pool_worker join                join and leave (benchmarks)
 //   pool_worker start               exit before joining (the benchmarks' baseline)
+#include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -211,6 +212,15 @@ int main(int argc, char** argv) {
     });
   }
   if (scenario == "fail") {
+    steps(pool, arg(2), [&] {
+      failing_now();
+      pool.fail("data loader raised on rank " + std::to_string(pool.rank()), arg(3));
+    });
+  }
+  if (scenario == "fail-hook-exits-thread") {
+    // As Python does to a thread that takes its lock while the interpreter
+    // finalizes: the before-exit hook's thread ends by pthread_exit.
+    dew::runtime::set_before_exit([](int) { pthread_exit(nullptr); });
     steps(pool, arg(2), [&] {
       failing_now();
       pool.fail("data loader raised on rank " + std::to_string(pool.rank()), arg(3));
