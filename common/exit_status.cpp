@@ -22,6 +22,11 @@ bool is_peer_failure(int wait_status) {
   return WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == kPeerFailedExitCode;
 }
 
+int blamed_exit_code(int wait_status) {
+  const int code = exit_code_of(wait_status);
+  return code == 0 || is_peer_failure(wait_status) ? 1 : code;
+}
+
 int exit_code_of(int wait_status) {
   if (WIFEXITED(wait_status)) return WEXITSTATUS(wait_status);
   if (WIFSIGNALED(wait_status)) return 128 + WTERMSIG(wait_status);

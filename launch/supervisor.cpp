@@ -182,8 +182,9 @@ std::vector<Running*> Supervisor::collect() {
       p->alive = false;
       p->status = status;
       // The blamed process ending as a peer (75, its own failure published
-      // before it froze) still failed: never 75, which says "not me".
-      if (awaited_ && p->rank == *awaited_) exit_code_ = is_peer_failure(status) ? 1 : exit_code_of(status);
+      // before it froze) or with 0 (it left while the others waited) still
+      // failed.
+      if (awaited_ && p->rank == *awaited_) exit_code_ = blamed_exit_code(status);
       // Whatever else its group still runs goes with it.
       kill(-pid, stopping_ ? SIGKILL : 0);
       if (!stopping_ && status != 0) failed.push_back(p.get());
@@ -235,7 +236,7 @@ void Supervisor::report_blamed(const Running& peer) {
     awaited_ = culprit.rank;
     exit_code_ = 1;  // until it ends
   } else {
-    exit_code_ = is_peer_failure(culprit.status) ? 1 : exit_code_of(culprit.status);
+    exit_code_ = blamed_exit_code(culprit.status);
   }
 }
 

@@ -445,6 +445,9 @@ std::vector<int> CoordinationService::unconnected_ranks() const {
 }
 
 void CoordinationService::wait_until_others_left(const std::function<void(const std::vector<int>&)>& waiting) {
+  // Process 0 is leaving: rounds that wait for it fail now (the others end,
+  // and leave) instead of waiting for it while it waits for them.
+  asio::post(impl_->io, [impl = impl_.get()] { impl->leaves(0); });
   std::unique_lock lock(impl_->mutex);
   for (;;) {
     std::vector<int> still;

@@ -160,6 +160,7 @@ void Pool::State::start_watch() {
     if (changed.wait_until(lock, *failure_heard + settings.failure_grace, [&] { return stopping; })) return;
     lock.unlock();
     auto failed = client->failure().value_or(PeerFailure{0, "unknown failure"});
+    if (left.load() && failed.rank == identity.rank) return;  // its own leaving: leave() goes on
     // A grace below a second is a program that ends at once (Python, dew
     // worker): nothing to say about agreements.
     if (settings.failure_grace >= std::chrono::seconds(1)) {

@@ -465,15 +465,16 @@ void Pool::fail_for_late(const std::vector<int>& late, const std::string& error)
 
 void Pool::leave() {
   State& s = *state_;
-  if (s.left) return;
-  s.left = true;
+  if (s.left.exchange(true)) return;
   if (s.service) {
     s.service->wait_until_others_left([&](const std::vector<int>& still) {
       log_info("waiting for " + processes_text(still) + " to leave the pool before stopping the coordination service");
     });
   }
   if (s.client) {
-    if (auto failed = s.client->failure()) s.end_for_peer(*failed);
+    // Unless the failure is this process's own leaving, which its peers
+    // waited for: it ends as its program does.
+    if (auto failed = s.client->failure(); failed && failed->rank != s.identity.rank) s.end_for_peer(*failed);
     s.client->leave();
   }
   s.stop_watch();

@@ -40,7 +40,9 @@ struct Pool::State {
 
   std::atomic<bool> failing{false};
   std::atomic<bool> ending{false};
-  bool left = false;
+  // leave() has begun: a failure that names this process is then its own
+  // leaving, which the peers waited for, not a reason to end it as a peer.
+  std::atomic<bool> left{false};
 
   // The watch thread: ends the process when a published failure has not
   // been heard at an agreement within the grace.

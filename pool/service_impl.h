@@ -147,6 +147,7 @@ struct CoordinationService::Impl {
   std::multimap<std::string, Waiter> gets;  // by key
   std::map<std::string, Agreement> agreements;
   std::map<std::string, Gathering> gatherings;
+  std::set<int> left;  // ranks that left the pool (said bye), on the service's thread
   std::uint64_t next_waiter = 1;
   std::optional<PeerFailure> failure;
   StrangerNotices strangers;
@@ -225,6 +226,10 @@ struct CoordinationService::Impl {
   // The first failure wins; it goes to every connected process, and to any
   // that connects later.
   void publish(PeerFailure failed);
+  // A process left the pool (its bye; process 0 as it waits for the others):
+  // a round open without it can never complete, and is its failure.
+  void leaves(int rank);
+  void fail_rounds_missing_a_leaver();
 };
 
 }  // namespace dew::runtime

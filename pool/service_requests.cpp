@@ -14,7 +14,7 @@ void CoordinationService::Impl::handle(const SessionPtr& session, wire::Frame& f
       return;
     case wire::Type::kBye: {
       session->bye = true;
-      return;
+      return leaves(session->rank);
     }
     case wire::Type::kPut:
       return handle_put(frame);
@@ -131,6 +131,7 @@ void CoordinationService::Impl::handle_agree(const SessionPtr& session, const wi
     return;
   }
   wait_in(agreements, name, Waiter{next_waiter++, session, frame.items[0], deadline_of(frame.items[2]), nullptr});
+  fail_rounds_missing_a_leaver();
 }
 
 void CoordinationService::Impl::handle_gather(const SessionPtr& session, const std::string& request,
@@ -140,6 +141,7 @@ void CoordinationService::Impl::handle_gather(const SessionPtr& session, const s
   Waiter waiter{next_waiter++, session, request, deadline_of(patience), nullptr};
   if (static_cast<int>(gathering.parts.size()) < config.size) {
     wait_in(gatherings, round, std::move(waiter));
+    fail_rounds_missing_a_leaver();
     return;
   }
   gathering.waiters.push_back(std::move(waiter));
@@ -196,6 +198,35 @@ void CoordinationService::Impl::complete_gather(const std::string& round) {
     send_shared(waiter.session, wire::encode_head(wire::Type::kGathered, {waiter.request}, bytes), tail, tail_hash);
   }
   gatherings.erase(round);
+}
+
+void CoordinationService::Impl::leaves(int rank) {
+  left.insert(rank);
+  fail_rounds_missing_a_leaver();
+}
+
+// A process that left can never arrive where the others wait for it: the
+// pool fails at once, naming the one that left, rather than after the
+// waiters' patience with a waiter named, or never (process 0 leaving waits
+// for the others to leave, who wait for it).
+void CoordinationService::Impl::fail_rounds_missing_a_leaver() {
+  if (failure || left.empty()) return;
+  const auto fail_for = [this](int rank, const std::string& what, const std::string& round) {
+    const std::string name = round.substr(0, round.rfind('#'));
+    publish(PeerFailure{rank, "process " + std::to_string(rank) +
+                                  " left the pool (its program ended) while the others wait for it at " + what + " '" +
+                                  name + "'"});
+  };
+  for (const auto& [round, agreement] : agreements) {
+    for (const int rank : left) {
+      if (!agreement.waiters.empty() && !agreement.arrived.count(rank)) return fail_for(rank, "agreement", round);
+    }
+  }
+  for (const auto& [round, gathering] : gatherings) {
+    for (const int rank : left) {
+      if (!gathering.waiters.empty() && !gathering.parts.count(rank)) return fail_for(rank, "all_gather", round);
+    }
+  }
 }
 
 void CoordinationService::Impl::publish(PeerFailure failed) {

@@ -27,10 +27,24 @@ namespace py = pybind11;
 namespace dew::python {
 namespace {
 
+// Pool calls running on interruptible()'s helper threads.
+std::atomic<int> g_calls_in_flight{0};
+
 // The one pool of this process (prepare_process returns it every time).
+// Destroyed at the process's exit, which leaves the pool, unless a pool call
+// is still running on a helper thread (the main thread left it for a
+// SIGTERM's SystemExit, a Ctrl-C, or dew.PoolFailed): that call uses the
+// pool, so the pool stays as it is and the process's end closes its
+// connections (the peers hear of it as of a process that ended).
+struct PoolHolder {
+  std::unique_ptr<runtime::Pool> pool;
+  ~PoolHolder() {
+    if (g_calls_in_flight.load() > 0) static_cast<void>(pool.release());
+  }
+};
 std::unique_ptr<runtime::Pool>& the_pool() {
-  static std::unique_ptr<runtime::Pool> pool;
-  return pool;
+  static PoolHolder holder;
+  return holder.pool;
 }
 
 // Runs `work` without the GIL on a helper thread; the caller waits in slices
@@ -40,7 +54,11 @@ template <typename T>
 T interruptible(std::function<T()> work) {
   auto task = std::make_shared<std::packaged_task<T()>>(std::move(work));
   std::future<T> done = task->get_future();
-  std::thread([task] { (*task)(); }).detach();
+  ++g_calls_in_flight;
+  std::thread([task] {
+    (*task)();
+    --g_calls_in_flight;
+  }).detach();
   while (true) {
     std::future_status status;
     {

@@ -26,6 +26,11 @@ bool is_bad_exit(int wait_status);
 // A normal exit with kPeerFailedExitCode.
 bool is_peer_failure(int wait_status);
 
+// The launcher's exit code for the process its peers blamed, from how it
+// ended: its own failure code, never 0 (it left while the others waited for
+// it) nor kPeerFailedExitCode (which says "not me"): those become 1.
+int blamed_exit_code(int wait_status);
+
 // The code a shell would report for it: the exit code, or 128 + signal.
 int exit_code_of(int wait_status);
 

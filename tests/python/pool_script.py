@@ -46,6 +46,12 @@ def main():
         framework_rendezvous(pool)
         return
     failing = int(sys.argv[2])
+    if mode == "exit":  # the failing rank ends by sys.exit(CODE) while the others wait for it
+        if pool.rank == failing:
+            time.sleep(0.3)
+            sys.exit(int(sys.argv[3]))
+        pool.agree("never")
+        return
     if mode == "unflushed":
         import atexit
         import logging

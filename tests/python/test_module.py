@@ -106,6 +106,23 @@ def launch(*args, timeout=60, env=None):
 
 
 class Pools(unittest.TestCase):
+    def test_a_rank_that_exits_while_its_peers_wait_is_named_with_its_own_code(self):
+        # sys.exit(3), and sys.exit(0) (leaving early), on process 0 (which
+        # hosts the service) and on another, while the rest wait in agree():
+        # this hung, or blamed the wrong rank, or peers died by SIGSEGV.
+        for failing in (0, 2):
+            for code in (3, 0):
+                with self.subTest(rank=failing, code=code):
+                    done, seconds = launch("exit", str(failing), str(code))
+                    self.assertEqual(done.returncode, code or 1, done.stderr)
+                    self.assertLess(seconds, 20, done.stderr)
+                    self.assertIn(f"process {failing} left the pool (its program ended) while the others wait for it "
+                                  "at agreement 'never'", done.stderr)
+                    self.assertRegex(done.stderr, rf"dew launch: rank {failing} on localhost (ended with exit code "
+                                                  rf"{code}|failed: its peers ended because process {failing} left)")
+                    for crash in ("fatal signal", "exception not rethrown", "Traceback"):
+                        self.assertNotIn(crash, done.stderr)
+
     def test_a_pool_joins_agrees_gathers_and_lays_out_the_mesh(self):
         # The plugin would set JAX_LOCAL_DEVICE_IDS per task; here every process sees the same.
         done, _ = launch("exchange", env={"JAX_LOCAL_DEVICE_IDS": "0,1"})

@@ -22,6 +22,13 @@ TEST(WaitStatus, BadExitsAndPeerFailures) {
   EXPECT_FALSE(is_peer_failure(SIGTERM));
 }
 
+TEST(WaitStatus, TheBlamedProcessNeverExitsZeroOrAsAPeer) {
+  EXPECT_EQ(blamed_exit_code(3 << 8), 3);
+  EXPECT_EQ(blamed_exit_code(SIGKILL), 137);
+  EXPECT_EQ(blamed_exit_code(0), 1);  // it left while the others waited for it
+  EXPECT_EQ(blamed_exit_code(kPeerFailedExitCode << 8), 1);
+}
+
 TEST(WaitStatus, ExitCodeAsAShellReportsIt) {
   EXPECT_EQ(exit_code_of(3 << 8), 3);
   EXPECT_EQ(exit_code_of(SIGKILL), 137);

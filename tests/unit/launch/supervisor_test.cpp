@@ -127,5 +127,15 @@ TEST(Supervisor, APeersExit75NamesTheProcessItReported) {
   EXPECT_LT(r.seconds, 10.0);
 }
 
+// The process the peers name left with exit 0 while they waited for it: the
+// launcher still fails, with 1.
+TEST(Supervisor, ABlamedProcessThatExitedZeroStillFailsTheLaunch) {
+  const std::string peer = "sleep 0.5; echo 'ending: process 1 failed: process 1 left the pool' >&2; exit " +
+                           std::to_string(kPeerFailedExitCode);
+  auto r = supervise({peer, "exit 0"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("rank 1"));
+}
+
 }  // namespace
 }  // namespace dew::launch
