@@ -73,6 +73,14 @@ int Supervisor::run() {
       drain_until = Clock::now() + kDrain;
     }
     if (drain_until && (open_streams() == 0 || Clock::now() >= *drain_until)) break;
+    if (awaited_stop_at_ && Clock::now() >= *awaited_stop_at_) {
+      awaited_stop_at_.reset();
+      for (auto& p : processes_) {
+        if (!p->alive || p->rank != *awaited_) continue;
+        kill(-p->io.pid, SIGTERM);
+        kill(-p->io.pid, SIGCONT);
+      }
+    }
     if (kill_at && Clock::now() >= *kill_at) {
       signal_all(SIGKILL);
       kill_at = Clock::now() + 24h;
@@ -85,6 +93,7 @@ int Supervisor::run() {
     }
     auto next = drain_until ? *drain_until : Clock::now() + 1h;
     if (kill_at && *kill_at < next) next = *kill_at;
+    if (awaited_stop_at_ && *awaited_stop_at_ < next) next = *awaited_stop_at_;
     const auto wait_ms =
         std::max<long long>(0, std::chrono::duration_cast<std::chrono::milliseconds>(next - Clock::now()).count() + 1);
     if (poll(fds.data(), fds.size(), static_cast<int>(std::min<long long>(wait_ms, 1000000))) < 0) {
@@ -259,13 +268,18 @@ void Supervisor::report(const Running& p) {
 void Supervisor::stop() {
   stopping_ = true;
   for (auto& p : processes_) close_fd(p->io.in);  // EOF: the remote watcher ends the command
-  signal_all(SIGTERM);
-  signal_all(SIGCONT);  // a stopped process acts on SIGTERM only once continued
+  // The process the peers named, still running, is stopped half the grace
+  // later: its own exit code is the launcher's, and one that is ending (it
+  // left the pool; Python's teardown takes a while) should give it.
+  if (awaited_ && !signalled_) awaited_stop_at_ = Clock::now() + grace_ / 2;
+  const auto sparing = awaited_stop_at_ ? awaited_ : std::nullopt;
+  signal_all(SIGTERM, sparing);
+  signal_all(SIGCONT, sparing);  // a stopped process acts on SIGTERM only once continued
 }
 
-void Supervisor::signal_all(int signo) {
+void Supervisor::signal_all(int signo, std::optional<int> sparing) {
   for (auto& p : processes_) {
-    if (!p->alive) continue;
+    if (!p->alive || (sparing && p->rank == *sparing)) continue;
     // srun relays the signal to the step itself; anything else: its group.
     kill(p->rank < 0 ? p->io.pid : -p->io.pid, signo);
   }

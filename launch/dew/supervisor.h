@@ -56,7 +56,8 @@ class Supervisor {
   std::vector<Running*> collect();
   void reap();
   void report(const Running& p);
-  void signal_all(int signo);
+  // To every running process's group but `sparing` (a rank), if given.
+  void signal_all(int signo, std::optional<int> sparing = std::nullopt);
   void note_line(const Running& p, const std::string& line);
   void report_blamed(const Running& peer);
   int srun_exit_code() const;
@@ -69,6 +70,9 @@ class Supervisor {
   std::vector<std::unique_ptr<Running>> processes_;
   std::optional<PeerBlame> blame_;  // the first process a line named as failed
   std::optional<int> awaited_;      // that rank, still running when the failure was named
+  // When the awaited rank is stopped too: it is given a moment to end on its
+  // own (one that left the pool ends with its own code once its peers are gone).
+  std::optional<std::chrono::steady_clock::time_point> awaited_stop_at_;
   std::vector<SrunTaskEnd> srun_ends_;
 };
 
