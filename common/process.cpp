@@ -1,14 +1,18 @@
 #include "dew/process.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <map>
 
 extern char** environ;
@@ -215,6 +219,32 @@ Result<Captured> capture(SpawnOptions options, std::chrono::milliseconds timeout
   result.wait_status = wait_for_exit(child.value().pid).value_or(0);
   result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return result;
+}
+
+std::optional<char> state_in_stat_line(std::string_view line) {
+  const auto name_end = line.rfind(')');
+  if (name_end == std::string_view::npos || line.find('(') > name_end) return std::nullopt;
+  const auto state = line.find_first_not_of(' ', name_end + 1);
+  if (state == std::string_view::npos || state == name_end + 1) return std::nullopt;
+  const char letter = line[state];
+  if (letter < 'A' || letter > 'z') return std::nullopt;
+  return letter;
+}
+
+int runnable_threads_besides_caller() {
+  DIR* tasks = opendir("/proc/self/task");
+  if (!tasks) return 0;
+  const std::string caller = std::to_string(static_cast<long>(syscall(SYS_gettid)));
+  int runnable = 0;
+  while (const dirent* entry = readdir(tasks)) {
+    const std::string tid = entry->d_name;
+    if (tid == "." || tid == ".." || tid == caller) continue;
+    std::ifstream stat("/proc/self/task/" + tid + "/stat");
+    const std::string line{std::istreambuf_iterator<char>(stat), {}};
+    if (state_in_stat_line(line) == 'R') ++runnable;
+  }
+  closedir(tasks);
+  return runnable;
 }
 
 }  // namespace dew

@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
+#include <csignal>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -82,6 +84,28 @@ void run_before_exit(std::chrono::milliseconds bound, int exit_code) {
   for (;;) pause();
 }
 
+// note_exit_under_way(): set once by the exiting thread, then only read. The
+// pool may be destroyed by that exit at any moment after: a thread ended by
+// it reads these, never g_pool.
+std::atomic<bool> g_exit_under_way{false};
+std::atomic<long long> g_exit_bound_ms{timings::kBeforeExitBound.count()};
+char g_ended_by_exit_line[512] = {};
+std::size_t g_ended_by_exit_length = 0;
+
+[[noreturn]] void park_thread_ended_by_exit() {
+  static std::atomic<bool> said{false};
+  if (!said.exchange(true)) {
+    // A raw write: the logger may be destroyed by the exit already.
+    [[maybe_unused]] ssize_t ignored = ::write(STDERR_FILENO, g_ended_by_exit_line, g_ended_by_exit_length);
+    std::thread([] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(g_exit_bound_ms.load()));
+      std::signal(SIGABRT, SIG_DFL);
+      std::abort();
+    }).detach();
+  }
+  wait_for_the_end();
+}
+
 void on_fatal_signal(int signal_number) {
   Pool::State* state = g_pool.load();
   if (state && !state->failing.exchange(true)) {
@@ -105,6 +129,8 @@ void on_fatal_signal(int signal_number) {
 }
 
 void on_terminate() {
+  // Before g_pool is read: the exit under way may be destroying the pool.
+  if (g_exit_under_way.load() && !std::current_exception()) park_thread_ended_by_exit();
   std::string message = "uncaught exception";
   bool join_failed = false;
   std::vector<int> late;
@@ -195,6 +221,20 @@ void Pool::State::fail(const std::string& error, int exit_code) {
   if (pmix) pmix->abort(exit_code, prefix() + error);
   std::fflush(nullptr);
   ::_exit(exit_code);
+}
+
+void note_exit_under_way() {
+  if (g_exit_under_way.load()) return;
+  std::string line =
+      "warning: a thread ended in std::terminate (no exception) while the program was already "
+      "exiting: not a failure; the exit goes on\n";
+  if (Pool::State* state = g_pool.load()) {
+    line = state->prefix() + line;
+    g_exit_bound_ms = state->settings.exit_bound.count();
+  }
+  g_ended_by_exit_length = std::min(line.size(), sizeof g_ended_by_exit_line);
+  std::memcpy(g_ended_by_exit_line, line.data(), g_ended_by_exit_length);
+  g_exit_under_way = true;
 }
 
 void set_before_exit(std::function<void(int exit_code)> flush) {

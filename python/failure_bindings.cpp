@@ -22,6 +22,7 @@
 #include "bindings.h"
 #include "dew/exit_status.h"
 #include "dew/log.h"
+#include "dew/process.h"
 #include "dew/text.h"
 
 namespace py = pybind11;
@@ -146,13 +147,35 @@ void finish_unwinding() {
   for (;;) pause();
 }
 
+// At most kBusyThreadsBound, with the GIL released, while another thread of
+// the process is running (state R in /proc): the exit's own work is done
+// on this thread, so one that is busy is a library's worker finishing.
+constexpr auto kBusyThreadsBound = std::chrono::milliseconds(100);
+void let_busy_threads_finish() {
+  py::gil_scoped_release unlocked;
+  const auto until = std::chrono::steady_clock::now() + kBusyThreadsBound;
+  while (runnable_threads_besides_caller() > 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
 // The first atexit function registered, so the last to run: a main thread
 // that left by another way while the pool was ending (a SystemExit in a
 // finally:) stops here, atexit done, and libdew ends the process with the
 // failure's exit code instead of the interpreter's (whose static
 // destructors would leave a pool that is failing).
 void at_interpreter_exit() {
-  if (!g_unwind_requested.load() || g_atexit_ran.load()) return;
+  if (!g_unwind_requested.load()) {
+    // The program ends by itself (a return, sys.exit). A library's worker
+    // still busy (torch's gloo thread freeing a tensor) would take the GIL
+    // once finalization has begun and be ended there through a noexcept
+    // frame: give it a moment to finish first, then make such an ending
+    // not the process's failure.
+    let_busy_threads_finish();
+    runtime::note_exit_under_way();
+    return;
+  }
+  if (g_atexit_ran.load()) return;
   g_in_excepthook = true;  // the top: no dew.PoolFailed from here on
   g_atexit_ran = true;     // what ran just now was atexit
   finish_unwinding();

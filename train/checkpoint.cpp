@@ -79,11 +79,22 @@ Result<Done> write_state_runs(const std::string& path, int section, std::int64_t
                               const std::vector<CanonicalRun>& runs, std::int64_t shard_first,
                               std::span<const T> values, const std::function<void()>& halfway) {
   std::error_code ignored;
-  fs::create_directories(fs::path(path).parent_path(), ignored);
+  const std::string step_directory = fs::path(path).parent_path().string();
+  fs::create_directories(step_directory, ignored);
+  // The step's directory is opened without following a link (one planted
+  // there would take the state out of the checkpoint directory), and the
+  // state inside it through that descriptor.
+  Fd directory{::open(step_directory.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)};
+  if (directory.fd < 0 && (errno == ELOOP || errno == ENOTDIR)) {
+    return invalid_argument("checkpoint state: " + step_directory +
+                            " is a symlink or not a directory; allowed: a directory Dew made, or none");
+  }
+  if (directory.fd < 0) return errno_error("open", step_directory);
   if (auto regular = refuse_unless_regular(path, "checkpoint state"); !regular.ok()) return regular;
   // O_NOFOLLOW and O_NONBLOCK: a symlink or FIFO that appears meanwhile is
   // refused, not followed or waited on; what opened must be a regular file.
-  Fd file{::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644)};
+  Fd file{::openat(directory.fd, fs::path(path).filename().c_str(),
+                   O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644)};
   if (file.fd < 0) return errno_error("open", path);
   struct stat st {};
   if (::fstat(file.fd, &st) != 0 || !S_ISREG(st.st_mode)) {

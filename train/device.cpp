@@ -144,7 +144,10 @@ Result<Done> save_checkpoint(ProcessRun& run, const DevicePlace& p, const std::v
       m.learning_rate = o.learning_rate;
       m.mesh = o.mesh.empty() ? "data over every device" : o.mesh;
       m.losses = losses;
-      saved = seal_checkpoint(o.checkpoint_dir, m);
+      // A lock file replaced meanwhile may let another pool in: stop
+      // before this pool's manifest could replace that pool's.
+      if (run.checkpoint_lock) saved = run.checkpoint_lock->still_held(o.checkpoint_dir);
+      if (saved.ok()) saved = seal_checkpoint(o.checkpoint_dir, m);
     }
   }
   run.devices.arrive_and_wait();

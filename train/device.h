@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "data.h"
+#include "dew/directory_lock.h"
 #include "dew/mesh.h"
 #include "dew/pool.h"
 #include "dew/result.h"
@@ -38,6 +39,7 @@ struct ProcessRun {
     std::vector<double> devices;
     runtime::Gathered processes;
   } loss_parts;
+  const DirectoryLock* checkpoint_lock = nullptr;  // process 0's, of --checkpoint-dir
 };
 
 struct DeviceResult {

@@ -71,7 +71,10 @@ Result<std::optional<Checkpoint>> prepare_checkpoints(runtime::Pool& pool, const
   if (error) return system_error("--checkpoint-dir: cannot create " + o.checkpoint_dir + ": " + error.message());
   if (pool.rank() == 0) {
     auto taken = DirectoryLock::take(o.checkpoint_dir, holder_line(pool));
-    if (!taken.ok()) return taken.error().prefixed("--checkpoint-dir: ");
+    // The others wait for process 0 at the shared-directory check below:
+    // its refusal ends the pool at once, named (returned, it left them
+    // waiting for it, and it for them as it left).
+    if (!taken.ok()) pool.fail("--checkpoint-dir: " + taken.error().message, 1);
     lock.emplace(std::move(taken.value()));
   }
   try {
@@ -178,6 +181,7 @@ Result<WorkerReport> train_process(runtime::Pool& pool, const mesh::Mesh& layout
     run.earlier_losses = resumed->manifest.losses;
   }
   if (pool.rank() == 0) run.progress = progress;
+  if (held) run.checkpoint_lock = &*held;
   if (o.capture_gradient) run.gradient = &gradient;
   std::vector<Result<DeviceResult>> results(std::size_t(devices), Result<DeviceResult>(DeviceResult{}));
   std::vector<std::thread> threads;

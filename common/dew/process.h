@@ -1,5 +1,6 @@
 // Starting programs: the one spawner behind `dew launch`, the launcher's
-// queries (srun --help, ssh), the benchmarks and the tests' process helpers.
+// queries (srun --help, ssh), the benchmarks and the tests' process helpers;
+// and what this process's own threads are doing (/proc/self/task).
 #pragma once
 
 #include <sys/types.h>
@@ -7,6 +8,7 @@
 #include <chrono>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -72,5 +74,15 @@ std::optional<int> wait_for_exit(pid_t pid);
 // The caller's environment as NAME=VALUE strings, with `changes` applied.
 std::vector<std::string> environment_with(
     const std::vector<std::pair<std::string, std::optional<std::string>>>& changes);
+
+// The state letter of a thread's /proc/<pid>/task/<tid>/stat line ('R'
+// running or runnable, 'S' sleeping, ...): the field after the name, found
+// after the name's last ')' (a thread may name itself "a) R (b"). nullopt
+// for a line that is not one.
+std::optional<char> state_in_stat_line(std::string_view line);
+
+// How many of this process's threads, the caller left out, are running or
+// runnable now ('R'); 0 when /proc cannot be read.
+int runnable_threads_besides_caller();
 
 }  // namespace dew

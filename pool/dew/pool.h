@@ -262,6 +262,16 @@ Pool join(JoinOptions options = {});
 // is stuck). One hook per process; an empty function removes it.
 void set_before_exit(std::function<void(int exit_code)> flush);
 
+// Says that the program is ending by itself (its main function returned, or
+// Python's interpreter is finalizing after a return or sys.exit). From then
+// on a thread that ends in std::terminate with no exception (a library's
+// worker thread unwound by pthread_exit through a noexcept frame: Python
+// 3.11 ends so a thread that takes the GIL once finalization has begun) is
+// not the process's failure: it says so in one line and pauses, and the
+// program's own exit goes on. Should that exit not come within
+// Settings::exit_bound, the process ends by SIGABRT.
+void note_exit_under_way();
+
 // Ends the process when one step runs longer than its bound. The bound is
 // DEW_WATCHDOG (the SPANK plugin's value: "30m", "90s", "2h", "off") or 30
 // minutes. A step is the life of the object step() returns.

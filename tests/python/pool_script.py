@@ -14,6 +14,10 @@
     pool_script.py late RANK       RANK never comes to an agreement the others wait for with patience 1 s
     pool_script.py stall RANK      steps under dew.StepWatchdog() (the launcher's bound); RANK's third
                                    step blocks in a read that never returns
+    pool_script.py exit-terminate RANK CODE
+                                   every rank ends by itself, RANK by sys.exit(CODE); on RANK a thread
+                                   calls std::terminate (no exception) once the exit is under way, as
+                                   a library's worker ended by Python's finalization does (torch's gloo)
 """
 import json
 import os
@@ -25,6 +29,8 @@ import dew
 
 def main():
     mode = sys.argv[1]
+    if mode == "exit-terminate" and os.environ.get("RANK") == sys.argv[2]:  # set by every launcher
+        terminate_once_the_exit_is_under_way()
     pool = dew.prepare_process()
     again = dew.prepare_process()
     assert again is pool, "prepare_process() returns the same pool every time"
@@ -51,6 +57,11 @@ def main():
             time.sleep(0.3)
             sys.exit(int(sys.argv[3]))
         pool.agree("never")
+        return
+    if mode == "exit-terminate":
+        pool.agree("end")
+        if pool.rank == failing:
+            sys.exit(int(sys.argv[3]))
         return
     if mode == "unflushed":
         import atexit
@@ -95,6 +106,19 @@ def main():
     elif mode == "agree":
         pool.agree("never")
     time.sleep(600)
+
+
+def terminate_once_the_exit_is_under_way():
+    """A daemon thread calls std::terminate with no exception once the exit
+    is under way: registered before prepare_process(), the atexit function
+    that lets it go runs after dew's."""
+    import atexit
+    import ctypes
+    import threading
+    terminate = ctypes.CDLL("libstdc++.so.6")._ZSt9terminatev  # loaded already, with dew
+    go = threading.Event()
+    threading.Thread(target=lambda: (go.wait(), terminate()), daemon=True).start()
+    atexit.register(lambda: (go.set(), time.sleep(0.5)))
 
 
 def framework_rendezvous(pool):

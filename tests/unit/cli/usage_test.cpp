@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -109,6 +110,67 @@ TEST(Usage, LayoutParityRefusesMoreDevicesThanAMeshHolds) {
 // Issue 26: two pools checkpointing into one directory both exited 0, one
 // deleting the other's checkpoints. The second is refused at once, naming
 // the first; once the first is gone (even by SIGKILL) the directory is free.
+// Issue 42: a second pool of several processes was refused on process 0
+// only; the others waited for it. Every process ends at once, the peers
+// naming process 0's refusal.
+TEST(Usage, ASecondPoolOfSeveralProcessesIsRefusedOnEveryProcessAtOnce) {
+  const std::string dir = ::testing::TempDir() + "dew-ckpt-pool-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  Spawned first({dew_exe(), "worker", "--cache-dir", "off", "--checkpoint-dir", dir, "--checkpoint-every", "100000",
+                 "--steps", "1000"});
+  ASSERT_TRUE(first.wait_for_output("step 1/", std::chrono::seconds(30))) << first.err();
+  ::kill(first.pid(), SIGSTOP);
+  auto second = dew({"launch", "--processes-per-host", "4", "--", dew_exe(), "worker", "--cache-dir", "off",
+                     "--checkpoint-dir", dir, "--steps", "2"});
+  ::kill(first.pid(), SIGKILL);
+  first.wait(std::chrono::seconds(10));
+  EXPECT_EQ(second.exit_code, 1) << second.err;
+  EXPECT_LT(second.seconds, 10.0) << second.err;
+  EXPECT_THAT(second.err, HasSubstr("[0] error: --checkpoint-dir: " + dir + " is in use by a pool of 1 process"));
+  for (const char* peer : {"[1] ", "[2] ", "[3] "}) {
+    EXPECT_THAT(second.err, HasSubstr(std::string(peer) + "ending: process 0 failed: --checkpoint-dir: " + dir +
+                                      " is in use by a pool of 1 process"));
+  }
+  EXPECT_THAT(second.err, Not(HasSubstr("step 1/")));
+  std::filesystem::remove_all(dir);
+}
+
+// Issue 42: a lock file replaced by rename let a second pool train in the
+// same directory. The holder stops at its next checkpoint, naming it.
+TEST(Usage, ALockFileReplacedWhileHeldStopsThePoolAtItsNextCheckpoint) {
+  const std::string dir = ::testing::TempDir() + "dew-ckpt-replaced-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  Spawned worker({dew_exe(), "worker", "--cache-dir", "off", "--checkpoint-dir", dir, "--checkpoint-every", "1",
+                  "--steps", "100000"});
+  ASSERT_TRUE(worker.wait_for_output("step 2/", std::chrono::seconds(30))) << worker.err();
+  std::ofstream(dir + "/planted") << "another pool\n";
+  std::filesystem::rename(dir + "/planted", dir + "/.dew-lock");
+  const int code = worker.wait(std::chrono::seconds(20));
+  EXPECT_EQ(code, 1) << worker.err();
+  EXPECT_THAT(worker.err(), HasSubstr(dir + "/.dew-lock was removed or replaced while this pool held it: another "
+                                            "pool may use the directory"));
+  std::filesystem::remove_all(dir);
+}
+
+// Issue 42: a step directory planted as a symlink took the state outside
+// the checkpoint directory. It is refused, and nothing is written there.
+TEST(Usage, AStepDirectoryPlantedAsASymlinkIsRefusedAndNothingWrittenThrough) {
+  const std::string root = ::testing::TempDir() + "dew-ckpt-planted-" + std::to_string(::getpid());
+  std::filesystem::remove_all(root);
+  std::filesystem::create_directories(root + "/ckpt");
+  std::filesystem::create_directories(root + "/elsewhere");
+  std::filesystem::create_directory_symlink("../elsewhere", root + "/ckpt/step-000002");
+  auto r = dew(
+      {"worker", "--cache-dir", "off", "--checkpoint-dir", root + "/ckpt", "--checkpoint-every", "2", "--steps", "2"});
+  EXPECT_NE(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("checkpoint state: " + root +
+                               "/ckpt/step-000002 is a symlink or not a directory; "
+                               "allowed: a directory Dew made, or none"));
+  EXPECT_TRUE(std::filesystem::is_empty(root + "/elsewhere"));
+  EXPECT_FALSE(std::filesystem::exists(root + "/ckpt/manifest.json"));
+  std::filesystem::remove_all(root);
+}
+
 TEST(Usage, ASecondPoolOnACheckpointDirectoryIsRefusedNamingTheFirst) {
   const std::string dir = ::testing::TempDir() + "dew-ckpt-" + std::to_string(::getpid());
   std::filesystem::remove_all(dir);

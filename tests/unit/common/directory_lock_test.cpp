@@ -5,10 +5,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <optional>
 
 namespace dew {
@@ -76,6 +78,63 @@ TEST(DirectoryLock, ALockFileThatIsASymlinkIsNotFollowed) {
   auto taken = DirectoryLock::take(dir, "pool");
   EXPECT_FALSE(taken.ok());
   EXPECT_FALSE(std::filesystem::exists(target)) << "nothing made through the symlink";
+  std::filesystem::remove_all(dir);
+}
+
+TEST(DirectoryLock, ALockFileReplacedByRenameDoesNotLetASecondHolderIn) {
+  const std::string dir = fresh_dir("dew-lock-renamed");
+  auto first = DirectoryLock::take(dir, "pool A");
+  ASSERT_TRUE(first.ok()) << first.error().message;
+  const std::string planted = dir + "/planted";
+  std::ofstream(planted) << "nobody\n";
+  std::filesystem::rename(planted, dir + "/" + kDirectoryLockName);
+  auto second = DirectoryLock::take(dir, "pool B");
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.error().code, ErrorCode::kUnavailable);
+  EXPECT_THAT(second.error().message, HasSubstr(dir + " is in use by "));
+  auto held = first.value().still_held(dir);
+  ASSERT_FALSE(held.ok());
+  EXPECT_EQ(held.error().message, dir + "/" + kDirectoryLockName +
+                                      " was removed or replaced while this pool held it: another pool may use the "
+                                      "directory; allowed: a lock file left as it is while its pool runs");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(DirectoryLock, AHeldLockLeftAloneIsStillHeld) {
+  const std::string dir = fresh_dir("dew-lock-kept");
+  auto first = DirectoryLock::take(dir, "pool A");
+  ASSERT_TRUE(first.ok()) << first.error().message;
+  EXPECT_TRUE(first.value().still_held(dir).ok());
+  std::filesystem::remove(dir + "/" + kDirectoryLockName);
+  EXPECT_FALSE(first.value().still_held(dir).ok());
+  std::filesystem::remove_all(dir);
+}
+
+TEST(DirectoryLock, AHardLinkedLockFileIsRefusedAndItsTargetKept) {
+  const std::string dir = fresh_dir("dew-lock-hardlink");
+  const std::string target = dir + "/precious";
+  std::ofstream(target) << "precious data\n";
+  std::filesystem::create_hard_link(target, dir + "/" + kDirectoryLockName);
+  auto taken = DirectoryLock::take(dir, "pool");
+  ASSERT_FALSE(taken.ok());
+  EXPECT_EQ(taken.error().code, ErrorCode::kInvalidArgument);
+  EXPECT_EQ(taken.error().message, dir + "/" + kDirectoryLockName +
+                                       " has 2 names (a hard link to another file?); allowed: a regular file Dew "
+                                       "made, or none");
+  std::ifstream in(target);
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line, "precious data");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(DirectoryLock, ALockFileThatIsAFifoIsRefusedAtOnce) {
+  const std::string dir = fresh_dir("dew-lock-fifo");
+  ASSERT_EQ(::mkfifo((dir + "/" + kDirectoryLockName).c_str(), 0600), 0);
+  auto taken = DirectoryLock::take(dir, "pool");  // hung before O_NONBLOCK
+  ASSERT_FALSE(taken.ok());
+  EXPECT_EQ(taken.error().code, ErrorCode::kInvalidArgument);
+  EXPECT_THAT(taken.error().message, HasSubstr("is a FIFO; allowed: a regular file Dew made, or none"));
   std::filesystem::remove_all(dir);
 }
 

@@ -8,9 +8,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "dew/exit_status.h"
 
@@ -101,6 +104,40 @@ TEST(Capture, ATimeoutKillsTheWholeGroup) {
   EXPECT_TRUE(r.value().timed_out);
   EXPECT_LT(r.value().seconds, 5.0);
   EXPECT_EQ(r.value().out, "");
+}
+
+TEST(ThreadState, TheLetterAfterTheNameEvenWhenTheNameHoldsParenthesesAndSpaces) {
+  EXPECT_EQ(state_in_stat_line("4242 (python3) R 1 4242 4242 0 -1"), 'R');
+  EXPECT_EQ(state_in_stat_line("4243 (pt_gloo) S 1 4242"), 'S');
+  EXPECT_EQ(state_in_stat_line("4244 (a) R (b) S 1 4242"), 'S');
+  EXPECT_EQ(state_in_stat_line("4245 (tab\tname) D 1"), 'D');
+  EXPECT_EQ(state_in_stat_line(""), std::nullopt);
+  EXPECT_EQ(state_in_stat_line("4246 (no end R 1"), std::nullopt);
+  EXPECT_EQ(state_in_stat_line("4247 (x)"), std::nullopt);
+  EXPECT_EQ(state_in_stat_line("4248 (x)R 1"), std::nullopt);
+  EXPECT_EQ(state_in_stat_line("4249 (x) 7 1"), std::nullopt);
+}
+
+TEST(ThreadState, ABusyThreadIsCountedAndASleepingOneIsNot) {
+  std::atomic<bool> stop{false};
+  std::thread sleeper([&] {
+    while (!stop.load()) std::this_thread::sleep_for(10ms);
+  });
+  // The caller, busy itself, is left out; the sleeper may be caught waking
+  // (and a sanitizer's own thread working) in one look, not in all.
+  int fewest = 1000;
+  for (int look = 0; look < 50; ++look) fewest = std::min(fewest, runnable_threads_besides_caller());
+  EXPECT_EQ(fewest, 0);
+  std::thread spinner([&] {
+    while (!stop.load()) {
+    }
+  });
+  int seen = 0;
+  for (int look = 0; look < 200 && seen == 0; ++look) seen = runnable_threads_besides_caller();
+  stop = true;
+  spinner.join();
+  sleeper.join();
+  EXPECT_EQ(seen, 1);
 }
 
 }  // namespace
