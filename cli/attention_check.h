@@ -69,6 +69,13 @@ struct Measured {
 // references, for a pool of `processes`.
 Result<CheckSetup> prepare_check(const CheckOptions& o, int processes, int rank);
 
+// kInvalidArgument naming the estimate when the check's inputs, outputs and
+// fp64 reference would not fit in `memory` bytes (--length 1048576 ended in
+// a bare std::bad_alloc). Estimated at 256 bytes per batch x head x
+// position x head dim on each process: one process's peak resident size
+// measured 180-230 (lengths 2048 to 16384).
+Result<Done> check_fits(const CheckOptions& o, long double memory);
+
 // One device's calls of every runnable exchange: the first checked against
 // the reference, then o.runs timed ones (exchanges interleaved). Writes
 // `measured[e]`.

@@ -8,6 +8,8 @@
 // mesh (--mesh, default every device on the sequence axis) is laid over
 // them; a device's sequence group talks over Gloo through
 // make_axis_communicator (axes/), and a tensor axis splits the heads.
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -96,6 +98,8 @@ int run(const CheckOptions& o) {
   if (o.exchanges != "both" && o.exchanges != "all-to-all" && o.exchanges != "gather" && o.exchanges != "auto") {
     return report(not_allowed("--exchange", o.exchanges, "both, auto, all-to-all, gather"));
   }
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  if (auto fits = check_fits(o, static_cast<long double>(pages) * page); !fits.ok()) return report(fits.error(), 2);
   auto joined = join_with_cpu_devices();
   if (!joined.ok()) return report(joined.error(), kJoinFailedExitCode);
   runtime::Pool& pool = joined.value();
@@ -180,7 +184,7 @@ void add_attention_check_command(CLI::App& app) {
   command->add_option("--runs", o->runs, "Timed runs of each exchange after the checked call (default 3)")
       ->check(CLI::Range(1, 1000));
   command->add_option("--tolerance", o->tolerance, "Largest relative error allowed (default 1e-4)")
-      ->check(CLI::PositiveNumber);
+      ->check(finite_number(0, true));
   command->add_option("--seed", o->seed, "Seed of the random inputs, the same on every process (default 1)");
   command->callback([o] { run_subcommand("attention-check", [&] { return run(*o); }); });
 }

@@ -242,4 +242,14 @@ void measure_device(const CheckOptions& o, const CheckSetup& s, runtime::Pool& p
   }
 }
 
+Result<Done> check_fits(const CheckOptions& o, long double memory) {
+  const long double need = 32.0L * 8 * o.batch * std::max(o.heads, o.kv_heads) * o.length * o.head_dim;
+  if (memory <= 0 || need <= memory) return Done{};
+  const auto gib = [](long double bytes) { return std::to_string(static_cast<long long>(bytes / (1LL << 30))); };
+  return invalid_argument("--batch " + std::to_string(o.batch) + ", --heads " + std::to_string(o.heads) +
+                          ", --length " + std::to_string(o.length) + " and --head-dim " + std::to_string(o.head_dim) +
+                          " need about " + gib(need) + " GiB on each process, more than this machine's " + gib(memory) +
+                          " GiB; allowed: a smaller --batch, --heads, --length or --head-dim");
+}
+
 }  // namespace dew::cli

@@ -38,6 +38,11 @@ void add_layout_parity_command(CLI::App& app);
 // non-zero code it returns is the process's exit code as it is.
 void run_subcommand(std::string_view name, const std::function<int()>& body);
 
+// An option's check: a finite number of at least `lowest` (above it when
+// `above`). CLI11's PositiveNumber and Range let nan through and print the
+// range's bounds in full ("0.000000 to 1797693...").
+CLI::Validator finite_number(double lowest, bool above);
+
 // Joins this process's pool; a failed join is the pool's error.
 Result<runtime::Pool> join_pool(const runtime::JoinOptions& options = {});
 

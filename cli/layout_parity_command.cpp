@@ -143,9 +143,11 @@ void add_layout_parity_command(CLI::App& app) {
   command->add_option("--devices", a->devices, "Devices over the whole pool (default 8)");
   command->add_option("--steps", a->steps, "Steps whose losses are compared (default 3; gradients of step 1)");
   command->add_option("--dtype", a->dtype, "fp32 or fp64 (default fp32)");
-  command->add_option("--factor", a->factor,
-                      "A layout passes within FACTOR x the floor (the one-device run with its batch reversed) "
-                      "(default 8)");
+  command
+      ->add_option("--factor", a->factor,
+                   "A layout passes within FACTOR x the floor (the one-device run with its batch reversed) "
+                   "(default 8)")
+      ->check(finite_number(1, false));
   command->callback([a] { run_subcommand("layout-parity", [&] { return run(*a); }); });
 }
 

@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -55,6 +56,21 @@ void finish(int code) {
   std::cout.flush();
   std::cerr.flush();
   std::exit(code);
+}
+
+CLI::Validator finite_number(double lowest, bool above) {
+  char bound[32];
+  std::snprintf(bound, sizeof bound, "%g", lowest);
+  const std::string allowed = std::string("a finite number ") + (above ? "above " : "from ") + bound;
+  return CLI::Validator(
+      [lowest, above, allowed](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double value = std::strtod(text.c_str(), &end);
+        const bool whole = !text.empty() && end == text.c_str() + text.size();
+        const bool ok = whole && std::isfinite(value) && (above ? value > lowest : value >= lowest);
+        return ok ? std::string() : dew::quoted(text) + " is not allowed; allowed: " + allowed;
+      },
+      allowed);
 }
 
 }  // namespace dew::cli

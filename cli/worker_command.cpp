@@ -25,6 +25,7 @@ struct WorkerArgs {
   std::string out;
   std::string watchdog;   // empty: DEW_WATCHDOG, else 30m
   std::string cache_dir;  // empty: train::default_cache_dir(); "off": none
+  bool cache_dir_given = false;
   std::string drill;
   std::string resume;  // "" (not given), "always" (--resume alone) or "auto"
 };
@@ -39,6 +40,9 @@ Result<Done> resolve(WorkerArgs& a) {
   if (!watchdog.ok()) return watchdog.error();
   a.options.step_bound.reset();
   if (watchdog.value()) a.options.step_bound = *watchdog.value();
+  if (a.cache_dir_given && a.cache_dir.empty()) {
+    return invalid_argument("--cache-dir '' is not allowed; allowed: a directory, or off for no cache");
+  }
   a.options.cache_dir = a.cache_dir == "off" ? "" : a.cache_dir.empty() ? train::default_cache_dir() : a.cache_dir;
   if (a.resume == "always" || a.resume == "auto") {
     a.options.resume = a.resume == "always" ? train::Resume::kAlways : train::Resume::kIfAny;
@@ -145,9 +149,11 @@ void add_worker_command(CLI::App& app) {
   command->add_option("--watchdog", a->watchdog,
                       "Bound of one step (90s, 30m, off; default DEW_WATCHDOG, else 30m): a process stalled "
                       "outside collectives past it fails the pool, naming itself");
-  command->add_option("--cache-dir", a->cache_dir,
-                      "Cache the tokenized dataset under the pool's compile-cache key in DIR, or off (default "
-                      "$DEW_CACHE_DIR/worker, $XDG_CACHE_HOME/dew/worker or ~/.cache/dew/worker)");
+  command
+      ->add_option("--cache-dir", a->cache_dir,
+                   "Cache the tokenized dataset under the pool's compile-cache key in DIR, or off (default "
+                   "$DEW_CACHE_DIR/worker, $XDG_CACHE_HOME/dew/worker or ~/.cache/dew/worker)")
+      ->each([a](const std::string&) { a->cache_dir_given = true; });
   command->add_option("--drill", a->drill,
                       "A failure on purpose: KIND@RANK:STEP, KIND loader-throws, stall-in-step, "
                       "stall-before-checkpoint or crash-while-saving");

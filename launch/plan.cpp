@@ -1,5 +1,7 @@
 // dew launch's plan: the options checked, every process's environment and
 // command line, --dry-run's lines, and srun's command for --slurm.
+#include <arpa/inet.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cstring>
@@ -11,6 +13,25 @@
 
 namespace dew::launch {
 namespace {
+
+// A name other hosts can resolve or an address: an IPv6 one bare or in
+// brackets ("::1", "[::1]"), an IPv4 one, or DNS labels. Not a host:port
+// (the port is --port), nothing half-bracketed, no empty label.
+bool is_host_name_or_address(std::string_view host) {
+  std::string text(host);
+  if (text.size() > 2 && text.front() == '[' && text.back() == ']') text = text.substr(1, text.size() - 2);
+  in6_addr v6{};
+  if (inet_pton(AF_INET6, text.c_str(), &v6) == 1) return true;
+  if (text.size() != host.size()) return false;  // only an IPv6 address goes in brackets
+  if (text.empty() || text.size() > 253) return false;
+  for (const auto& label : split(text, '.')) {
+    if (label.empty() || label.size() > 63 || label.front() == '-') return false;
+    for (unsigned char c : label) {
+      if (!std::isalnum(c) && c != '-' && c != '_') return false;
+    }
+  }
+  return true;
+}
 
 // Variables the launcher sets itself; --env may not set them.
 constexpr std::string_view kPoolVariables[] = {
@@ -176,11 +197,10 @@ Result<LaunchOptions> validate(LaunchOptions options) {
                               "for several processes on one host)");
     }
   }
-  if (!options.coordinator.empty()) {
-    const auto& host = options.coordinator;
-    if (host[0] == '-' || std::any_of(host.begin(), host.end(), [](unsigned char c) { return c <= ' '; })) {
-      return invalid_argument("--coordinator: " + shown(host) + " is not allowed; allowed: a host name or address");
-    }
+  if (!options.coordinator.empty() && !is_host_name_or_address(options.coordinator)) {
+    return invalid_argument("--coordinator: " + shown(options.coordinator) +
+                            " is not allowed; allowed: a host name (letters, digits, '-', '_' and dots) or an IPv4 "
+                            "or IPv6 address, without a port (that is --port)");
   }
   if (options.private_dirs && !options.cwd.empty()) {
     return invalid_argument(

@@ -369,6 +369,9 @@ void Pool::put(const std::string& key, const std::string& value) {
 }
 
 std::string Pool::get(const std::string& key, std::chrono::milliseconds timeout) {
+  // A key over the frame limit was dropped by the service as a bad frame,
+  // and the pool ended: refused here, as put refuses it.
+  check_frame_size(wire::encoded_size({key.size(), 8}), 0, "get('" + printable(key) + "')");
   const auto not_there = [&] {
     return PoolError(timeout_error("get('" + key + "'): no process put it within " + seconds_of(timeout)));
   };
@@ -440,6 +443,8 @@ Gathered Pool::all_gather(const std::string& bytes) {
 void Pool::agree(const std::string& name) { agree(name, state_->settings.agreement_patience); }
 
 void Pool::agree(const std::string& name, std::chrono::milliseconds patience) {
+  // Checked alone too: a program must not pass alone and fail in a pool.
+  check_frame_size(wire::encoded_size({name.size() + 16, 8}), 0, "agree('" + printable(name) + "')");
   if (!state_->client) return;
   const unsigned round = state_->agreement_rounds[name]++;
   auto missing = state_->checked(state_->client->agree(name + "#" + std::to_string(round), patience));

@@ -48,7 +48,7 @@ std::optional<Dataset> load(const std::string& path, const WorkerOptions& o) {
   return d;
 }
 
-void store(const std::string& path, const Dataset& d) {
+bool store(const std::string& path, const Dataset& d) {
   std::error_code error;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), error);
   const std::int32_t dims[3] = {d.steps, d.batch, d.length};
@@ -57,7 +57,9 @@ void store(const std::string& path, const Dataset& d) {
   bytes.append(reinterpret_cast<const char*>(d.tokens.data()), d.tokens.size() * sizeof(std::int32_t));
   if (auto written = write_file_atomically(path, bytes); !written.ok()) {
     log_warn("cache: " + written.error().message + "; running without the cache");
+    return false;
   }
+  return true;
 }
 
 }  // namespace
@@ -79,8 +81,8 @@ CachedDataset cached_dataset(const WorkerOptions& o, const std::optional<std::st
   return cached;
 }
 
-void store_dataset(const CachedDataset& cached) {
-  if (!cached.found && !cached.path.empty()) store(cached.path, cached.dataset);
+bool store_dataset(const CachedDataset& cached) {
+  return cached.found || cached.path.empty() || store(cached.path, cached.dataset);
 }
 
 std::string default_cache_dir() {

@@ -26,6 +26,7 @@ CachedDataset cached_dataset(const WorkerOptions& options, const std::optional<s
 // Stores a dataset that was not found, atomically (a temporary file, then a
 // rename: processes storing at once leave one whole file). The pool looks
 // first and stores after, so that every process of a first run finds nothing.
-void store_dataset(const CachedDataset& cached);
+// False when it could not (a warning names the file and why).
+bool store_dataset(const CachedDataset& cached);
 
 }  // namespace dew::train

@@ -82,12 +82,22 @@ bool may_be_a_peers_failure(const Error& error) {
 long double estimated_process_bytes(const WorkerOptions& o, const mesh::Mesh& m) {
   const int data = size_of(m, mesh::Axis::kData), fsdp = size_of(m, mesh::Axis::kFsdp);
   const int tensor = size_of(m, mesh::Axis::kTensor), sequence = size_of(m, mesh::Axis::kSequence);
-  long double part = 0;  // one device's tensor part of every parameter, in values
-  for (const auto& bucket : model_buckets(o.model)) {
-    for (const auto& spec : bucket) {
-      part += static_cast<long double>(local_rows(spec, tensor)) * local_cols(spec, tensor);
+  // One device's tensor part of every parameter, in values: the model's
+  // parameters at one and at two layers give the part outside the layers
+  // and one layer's, so a huge --layers is estimated without listing every
+  // layer's parameters (2^31 layers took 40 s and ended in std::bad_alloc).
+  const auto part_at = [&](int layers) {
+    ModelConfig few = o.model;
+    few.layers = layers;
+    long double values = 0;
+    for (const auto& bucket : model_buckets(few)) {
+      for (const auto& spec : bucket)
+        values += static_cast<long double>(local_rows(spec, tensor)) * local_cols(spec, tensor);
     }
-  }
+    return values;
+  };
+  const long double one = part_at(1), layer = part_at(2) - one;
+  const long double part = one + layer * (o.model.layers - 1);
   // Its fsdp share of the parameters, gradients and AdamW's two moments,
   // and the whole part gathered for use; activations: a few values per
   // position, unit and layer.

@@ -4,6 +4,7 @@
 // design page.
 #include <unistd.h>
 
+#include <algorithm>
 #include <barrier>
 #include <ctime>
 #include <filesystem>
@@ -118,7 +119,8 @@ CachedDataset load_dataset(runtime::Pool& pool, const WorkerOptions& o, std::vec
   const auto key = pool.compile_cache_key(topology::accelerator_fingerprint());
   CachedDataset cached = cached_dataset(o, key, o.cache_dir);
   const auto flags = pool.all_gather(cached.found ? "1" : "0");
-  store_dataset(cached);
+  const auto stored = pool.all_gather(store_dataset(cached) ? "1" : "0");
+  const auto unstored = std::count(stored.begin(), stored.end(), std::string_view("0"));
   int hits = 0;
   for (const auto& flag : flags) {
     found.push_back(flag == "1");
@@ -133,9 +135,12 @@ CachedDataset load_dataset(runtime::Pool& pool, const WorkerOptions& o, std::vec
     log_info("cache: every process (" + std::to_string(hits) + ") found " + what + " under compile-cache key " +
              key->substr(0, 12) + " in " + o.cache_dir + "; not tokenized again");
   } else {
+    // Only what was stored is said to be: a process that could not says why.
+    const std::string kept = unstored == 0 ? " and stored it in " + o.cache_dir
+                                           : "; " + counted(unstored, "process", "processes") +
+                                                 " could not store it in " + o.cache_dir + " (each said why)";
     log_info("cache: " + std::to_string(hits) + " of " + counted(pool.size(), "process", "processes") + " found " +
-             what + " under compile-cache key " + key->substr(0, 12) + "; the others tokenized it and stored it in " +
-             o.cache_dir);
+             what + " under compile-cache key " + key->substr(0, 12) + "; the others tokenized it" + kept);
   }
   return cached;
 }

@@ -110,6 +110,40 @@ TEST(Usage, LayoutParityRefusesMoreDevicesThanAMeshHolds) {
 // Issue 26: two pools checkpointing into one directory both exited 0, one
 // deleting the other's checkpoints. The second is refused at once, naming
 // the first; once the first is gone (even by SIGKILL) the directory is free.
+// Issue 42: each of these was accepted (or refused only after a 6.7 s run,
+// or, for --cache-dir '', wrote under ~/.cache). Each is one line naming
+// the value and what is allowed, exit 2, before any work.
+TEST(Usage, NotANumberInfinityAnEmptyCacheDirAndAHostWithAPortAreRefusedAtOnce) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"attention-check", "--tolerance", "nan"},
+       "--tolerance: 'nan' is not allowed; allowed: a finite number above 0"},
+      {{"attention-check", "--tolerance", "-1"}, "--tolerance: '-1' is not allowed; allowed: a finite number above 0"},
+      {{"layout-parity", "--factor", "inf"}, "--factor: 'inf' is not allowed; allowed: a finite number from 1"},
+      {{"worker", "--cache-dir", ""}, "--cache-dir '' is not allowed; allowed: a directory, or off for no cache"},
+      {{"launch", "--coordinator", "127.0.0.1:80", "--", "true"}, "--coordinator: '127.0.0.1:80' is not allowed"},
+      {{"launch", "--coordinator", "[::1", "--", "true"}, "--coordinator: '[::1' is not allowed"},
+      {{"attention-check", "--length", "1048576", "--heads", "4096", "--kv-heads", "8"},
+       "--length 1048576 and --head-dim 64 need about "},
+      {{"worker", "--cache-dir", "off", "--layers", "2147483647"}, "the model needs about "},
+  };
+  for (const auto& [args, line] : cases) {
+    auto r = dew(args);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_THAT(r.err, HasSubstr(line));
+    EXPECT_LT(r.seconds, 5.0) << r.err;
+  }
+}
+
+// Issue 42: a --cache-dir that cannot be written said the dataset was
+// "stored in" it.
+TEST(Usage, AnUnusableCacheDirIsNotSaidToHoldTheDataset) {
+  auto r = dew({"worker", "--cache-dir", "/proc/dew-no-such-dir", "--steps", "2"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("1 process could not store it in /proc/dew-no-such-dir (each said why)"));
+  EXPECT_THAT(r.err, HasSubstr("cache: cannot create /proc/dew-no-such-dir/"));
+  EXPECT_THAT(r.err, Not(HasSubstr("stored it in")));
+}
+
 // Issue 42: a second pool of several processes was refused on process 0
 // only; the others waited for it. Every process ends at once, the peers
 // naming process 0's refusal.

@@ -115,6 +115,19 @@ TEST(LaunchOptions, ValidateNamesTheOptionAndTheLimits) {
   EXPECT_EQ(message(o), "ok");
   o.coordinator = "-x";
   EXPECT_THAT(message(o), StartsWith("--coordinator: '-x' is not allowed"));
+  // Issue 42: a half-bracketed address and a host:port were accepted (the
+  // latter then bracketed as if IPv6: "[127.0.0.1:80]:PORT").
+  for (const char* bad :
+       {"[::1", "::1]", "127.0.0.1:80", "node0:80", "[node0]", "a..b", ".a", "a b", "-a.b", "a/b", "[]", "a.-b"}) {
+    o.coordinator = bad;
+    EXPECT_EQ(message(o), "--coordinator: '" + std::string(bad) +
+                              "' is not allowed; allowed: a host name (letters, digits, '-', '_' and dots) or an "
+                              "IPv4 or IPv6 address, without a port (that is --port)");
+  }
+  for (const char* good : {"node0", "n1.cluster.example", "10.0.0.1", "::1", "[::1]", "fe80::1", "gpu_node-7"}) {
+    o.coordinator = good;
+    EXPECT_EQ(message(o), "ok") << good;
+  }
   o.coordinator = "";
   o.private_dirs = true;
   o.cwd = "/tmp";

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <functional>
 #include <thread>
 
 #include "dew/pool.h"
@@ -54,6 +55,21 @@ TEST(PoolOfOne, GetWaitsForAnotherThreadsPutAndTimesOutNamingTheKey) {
     EXPECT_THAT(e.what(), HasSubstr("the payload of 67108865 bytes is over the coordination service's limit of "
                                     "67108848 bytes a message (64 MiB with the frame)"));
   }
+
+  // Issue 42: an agreement's name or a get's key over the limit ended the
+  // pool (the service dropped the frame); refused at the caller, alone too.
+  for (const auto& call : std::vector<std::function<void()>>{[&] { pool.agree(std::string(64 << 20, 'n')); },
+                                                             [&] { pool.get(std::string(64 << 20, 'k'), 100ms); }}) {
+    try {
+      call();
+      FAIL() << "a 64 MiB name or key went through";
+    } catch (const dew::runtime::PoolError& e) {
+      EXPECT_EQ(e.code(), dew::ErrorCode::kInvalidArgument);
+      EXPECT_THAT(e.what(),
+                  HasSubstr("over the coordination service's limit of 64 MiB a message; allowed: a short key"));
+    }
+  }
+  pool.agree("after");  // the pool goes on
 
   // Alone, all_gather returns its own bytes.
   const auto all = pool.all_gather("mine");
