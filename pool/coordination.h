@@ -109,6 +109,9 @@ class CoordinationClient {
   // no other thread is in the middle of a write.
   void publish_prepared_from_signal(int slot) noexcept;
   void prepare_signal_frame(int slot, const std::string& message);
+  // True while a caller waits for the service's reply (an agreement, a
+  // gather, a get): the process waits on its peers.
+  bool caller_waiting() const;
   // The failure this client has heard of, if any.
   std::optional<PeerFailure> failure() const;
   // Says bye and closes.

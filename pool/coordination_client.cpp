@@ -75,6 +75,7 @@ struct CoordinationClient::Impl {
   std::condition_variable reader_wait;  // the reader thread's own
   static constexpr std::chrono::milliseconds kReaderLook{200};
   static constexpr std::chrono::milliseconds kCallerLook{250};
+  static constexpr std::chrono::milliseconds kWriteLook{250};  // a blocked write's look at the time
   std::thread reader;
   std::thread heartbeat;
   std::string signal_frames[8];
@@ -82,26 +83,73 @@ struct CoordinationClient::Impl {
   void write_frame(const wire::Frame& frame) { write_bytes(wire::encode(frame)); }
 
   void write_bytes(const std::string& bytes) {
-    while (writing.test_and_set(std::memory_order_acquire)) std::this_thread::yield();
-    send_tagged(bytes);
+    // Another writer may wait up to the heartbeat timeout on a frozen
+    // service: wait for it without spinning a core.
+    for (int spins = 0; writing.test_and_set(std::memory_order_acquire); ++spins) {
+      if (spins < 64) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+    }
+    const bool sent = send_tagged(bytes);
     writing.clear(std::memory_order_release);
+    if (!sent)
+      lose_service("took nothing of this process's frames for " + timeout_text() + " (frozen, or its link cut)");
+  }
+
+  // A heartbeat is skipped while another frame is being written: that frame
+  // is traffic too, and waiting for it would hold the silence check.
+  void write_heartbeat() {
+    if (writing.test_and_set(std::memory_order_acquire)) return;
+    const bool sent = send_tagged(wire::encode(wire::Frame{wire::Type::kHeartbeat, {}}));
+    writing.clear(std::memory_order_release);
+    if (!sent)
+      lose_service("took nothing of this process's frames for " + timeout_text() + " (frozen, or its link cut)");
+  }
+
+  std::string timeout_text() const {
+    char text[32];
+    std::snprintf(text, sizeof text, "%g s", std::chrono::duration<double>(config.heartbeat_timeout).count());
+    return text;
+  }
+
+  // The service is gone for this process: the pool's failure, and the
+  // connection shut both ways, so a caller blocked in the middle of reading
+  // a reply (or a writer in the middle of a frame) returns at once instead
+  // of at the failure grace.
+  void lose_service(const std::string& why) {
+    record_failure(PeerFailure{0, "the coordination service on process 0 " + why});
+    ::shutdown(fd, SHUT_RDWR);
   }
 
   // Sends a frame and its tag; the caller holds `writing` (the sequence
-  // number is the writer's). Allocates nothing: the signal path uses it.
-  void send_tagged(std::string_view bytes) noexcept {
+  // number is the writer's). False when the service took none of it for
+  // the heartbeat timeout (its buffers full: frozen, or the link cut).
+  // Allocates nothing: the signal path uses it.
+  bool send_tagged(std::string_view bytes) noexcept {
     const auto tag = auth::frame_tag(keys.to_service, send_sequence++, bytes);
     iovec parts[2] = {{const_cast<char*>(bytes.data()), bytes.size()},
                       {const_cast<unsigned char*>(tag.data()), tag.size()}};
     msghdr message{};
     message.msg_iov = parts;
     message.msg_iovlen = 2;
+    // Only looks that found the socket still full count: this process's own
+    // pause (SIGSTOP) is not the service's silence.
+    std::chrono::milliseconds stalled{0};
     while (message.msg_iovlen > 0) {
-      const ssize_t n = ::sendmsg(fd, &message, MSG_NOSIGNAL);
+      const ssize_t n = ::sendmsg(fd, &message, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        if (stalled >= config.heartbeat_timeout) return false;
+        pollfd writable{fd, POLLOUT, 0};
+        if (::poll(&writable, 1, static_cast<int>(kWriteLook.count())) == 0) stalled += kWriteLook;
+        continue;
+      }
       if (n <= 0) {
         if (n < 0 && errno == EINTR) continue;
-        return;  // the reader notices the closed connection
+        return true;  // the reader notices the closed connection
       }
+      stalled = std::chrono::milliseconds(0);
       auto sent = static_cast<std::size_t>(n);
       while (message.msg_iovlen > 0 && sent >= message.msg_iov->iov_len) {
         sent -= message.msg_iov->iov_len;
@@ -113,6 +161,7 @@ struct CoordinationClient::Impl {
         message.msg_iov->iov_len -= sent;
       }
     }
+    return true;
   }
 
   void record_failure(PeerFailure failed) {
@@ -250,9 +299,9 @@ struct CoordinationClient::Impl {
       const bool silent = now - last_heard > config.heartbeat_timeout;
       lock.unlock();
       if (silent) {
-        record_failure(PeerFailure{0, "the coordination service on process 0 stopped answering heartbeats"});
+        lose_service("stopped answering heartbeats");
       } else {
-        write_frame(wire::Frame{wire::Type::kHeartbeat, {}});
+        write_heartbeat();
       }
       lock.lock();
     }
@@ -348,6 +397,11 @@ void CoordinationClient::put(const std::string& key, const std::string& value) {
   impl_->write_bytes(wire::encode(wire::Type::kPut, {key, value}));
 }
 
+bool CoordinationClient::caller_waiting() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->callers_waiting > 0;
+}
+
 Result<std::optional<std::string>> CoordinationClient::get(const std::string& key, std::chrono::milliseconds timeout) {
   const std::string timeout_item = wire::encode_u64(static_cast<std::uint64_t>(timeout.count()));
   auto reply = impl_->request(wire::Type::kGet, {key, timeout_item});
@@ -399,7 +453,7 @@ void CoordinationClient::prepare_signal_frame(int slot, const std::string& messa
 
 void CoordinationClient::publish_prepared_from_signal(int slot) noexcept {
   if (impl_->writing.test_and_set(std::memory_order_acquire)) return;  // a write was cut by the signal
-  impl_->send_tagged(impl_->signal_frames[slot]);
+  static_cast<void>(impl_->send_tagged(impl_->signal_frames[slot]));
   impl_->writing.clear(std::memory_order_release);
 }
 

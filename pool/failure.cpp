@@ -27,6 +27,9 @@
 namespace dew::runtime {
 namespace {
 
+// How a stop's notice begins (Pool::stopped_by_signal).
+const std::string kStoppedBy = "stopped by ";
+
 // The process's pool, for the signal and terminate handlers.
 std::atomic<Pool::State*> g_pool{nullptr};
 std::terminate_handler g_previous_terminate = nullptr;
@@ -200,7 +203,12 @@ void Pool::State::start_watch() {
 
 void Pool::State::end_for_peer(const PeerFailure& failed) {
   if (failing.load() || ending.exchange(true)) wait_for_the_end();
-  log_error("ending: process " + std::to_string(failed.rank) + " failed: " + failed.message);
+  // A peer stopped from outside (stopped_by_signal) did not fail: said as a stop.
+  if (failed.message.rfind(kStoppedBy, 0) == 0) {
+    log_info("ending: process " + std::to_string(failed.rank) + " was " + failed.message);
+  } else {
+    log_error("ending: process " + std::to_string(failed.rank) + " failed: " + failed.message);
+  }
   run_before_exit(settings.exit_bound, kPeerFailedExitCode);
   // Process 0's service dies with it: let the failure reach everyone first.
   if (service) service->flush_failure(timings::kFailureFlush);
@@ -222,6 +230,20 @@ void Pool::State::fail(const std::string& error, int exit_code) {
   std::fflush(nullptr);
   ::_exit(exit_code);
 }
+
+void Pool::State::stopped_by_signal(int signal_number) {
+  if (failing.exchange(true) || ending.load() || (client && client->failure())) return;
+  const std::string signal =
+      std::string("signal ") + std::to_string(signal_number) + " (SIG" + sigabbrev_np(signal_number) + ")";
+  log_info("stopped by " + signal + " from outside the pool: ending");
+  if (!client) return;
+  const std::string message =
+      kStoppedBy + signal + " from outside the pool (scancel, a time limit, a preemption or a launcher)";
+  client->publish_failure(message, timings::kStopNoticeFlush);
+  if (service) service->flush_failure(timings::kStopNoticeFlush);
+}
+
+void Pool::stopped_by_signal(int signal_number) { state_->stopped_by_signal(signal_number); }
 
 void note_exit_under_way() {
   if (g_exit_under_way.load()) return;
@@ -293,6 +315,8 @@ void detach_failure_path(Pool::State& state) {
 }
 
 namespace detail {
+
+Pool::State* attached_pool() { return g_pool.load(); }
 
 void fail_process(const std::string& message, int exit_code) {
   if (Pool::State* state = g_pool.load()) state->fail(message, exit_code);

@@ -2,12 +2,23 @@
 // methods (StepWatchdog). Private to pool/.
 #pragma once
 
+#include <cstdint>
 #include <string>
+
+#include "dew/pool.h"
 
 namespace dew::runtime::detail {
 
 // As Pool::fail() when this process has joined a pool; otherwise prints
 // "error: <message>" and exits with exit_code.
 [[noreturn]] void fail_process(const std::string& message, int exit_code);
+
+// The pool this process's failure path publishes to, or null.
+Pool::State* attached_pool();
+
+// Step `step` of a StepWatchdog outlived its bound (`message` says so):
+// alone, as fail_process(message, kWatchdogExitCode); in a pool, the
+// processes behind are named (stall_inquiry.cpp, stall_verdict.h).
+[[noreturn]] void end_step_over_bound(std::uint64_t step, const std::string& message);
 
 }  // namespace dew::runtime::detail

@@ -67,6 +67,8 @@ struct Pool::State {
   [[noreturn]] void end_for_peer(const PeerFailure& failed);
   // Ends this process with its own error: one line, published, exit_code.
   [[noreturn]] void fail(const std::string& error, int exit_code);
+  // See Pool::stopped_by_signal.
+  void stopped_by_signal(int signal_number);
   // The pool fails because `late` never came (to the join, an agreement, a
   // gather): published once (by process 0 when it waits too), every process
   // ending as their peer, naming the first.

@@ -1,5 +1,6 @@
 // StepWatchdog: a thread that ends the process when one step outlives its
-// bound, for C++ steps that XLA's execution watchdog does not cover.
+// bound, for C++ steps that XLA's execution watchdog does not cover; in a
+// pool, stall_inquiry.cpp names the processes behind.
 #include <unistd.h>
 
 #include <condition_variable>
@@ -57,9 +58,8 @@ StepWatchdog::StepWatchdog(std::optional<std::chrono::milliseconds> bound) : sta
         continue;
       const auto bound = *s->bound;
       lock.unlock();
-      detail::fail_process("step " + std::to_string(step) + " ran longer than its bound of " + bound_text(bound) +
-                               " (StepWatchdog, DEW_WATCHDOG)",
-                           kWatchdogExitCode);
+      detail::end_step_over_bound(step, "step " + std::to_string(step) + " ran longer than its bound of " +
+                                            bound_text(bound) + " (StepWatchdog, DEW_WATCHDOG)");
     }
   });
 }

@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 
 #include <atomic>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -32,11 +33,19 @@ struct PendingPoolError {
 void install_fast_failure(runtime::Pool& pool);
 [[noreturn]] void fail_pool(runtime::Pool& pool, const std::string& message, int code, const std::vector<int>& late);
 void check_unwind();
+// Runs `work` with the GIL, from a thread that is not Python's, unless the
+// interpreter has begun to end (then false, nothing run): the one way other
+// threads take the GIL.
+bool with_python(const std::function<void()>& work);
 // True once the pool is ending (a peer failed, or this process is failing).
 bool pool_is_ending();
 // Set by the SIGTERM handler: the main thread is unwinding for the launcher.
 extern std::atomic<bool> g_sigterm_unwinding;
 void flush_python_buffers();
+
+// StepWatchdog's collective probe: Python's main thread in torch's waits
+// (stall_probe.cpp).
+void install_collective_probe();
 
 void bind_pool(pybind11::module_& m);
 void bind_failure(pybind11::module_& m);

@@ -41,7 +41,8 @@ class Pool:
 def prepare_process(multi_host: Optional[bool] = None, patience: Optional[float] = None) -> Pool: ...
 
 class StepWatchdog:
-    """Ends the process (exit 124, naming rank and step) when a step overruns its bound."""
+    """Ends the pool when a step overruns its bound: the ranks behind (outside a collective while their peers wait
+    in one) end with 124 and are named, not the peers that wait for them."""
     def __init__(self, seconds: Optional[float] = None) -> None: ...
     @property
     def bound(self) -> Optional[float]: ...

@@ -13,7 +13,9 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <csignal>
 #include <cstdlib>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -31,6 +33,21 @@ namespace dew::python {
 namespace {
 
 PyObject* g_pool_failed = nullptr;  // dew.PoolFailed, kept for the process's life
+
+// Other threads (libdew's before-exit hook, the watchdog's probe) take the
+// GIL only through the gate, which the main thread closes as the interpreter
+// begins to end: a thread that took the GIL after finalization segfaulted
+// (scancel: peers heard of a failure while their own SIGTERM unwound them).
+std::mutex g_gate_mutex;
+bool g_gate_closed = false;
+thread_local bool t_inside_gate = false;
+
+void close_gate() {
+  if (t_inside_gate) return;  // atexit run by the hook's own thread
+  py::gil_scoped_release unlocked;
+  std::lock_guard lock(g_gate_mutex);
+  g_gate_closed = true;
+}
 
 // The main thread's part in an ending: it is inside fail() (so cannot
 // unwind), or it has unwound and run atexit.
@@ -105,8 +122,8 @@ int raise_pool_failed(void*) {
 
 // libdew's hook, on a thread of its own.
 void before_exit(int exit_code) {
-  {
-    py::gil_scoped_acquire gil;
+  bool unwinds = false;
+  const bool python = with_python([&] {
     flush_python_buffers();
     // The main thread waits in fail(), or its step is stuck (the watchdog's
     // end): nothing can unwind; the process's own code reaches the launcher
@@ -116,16 +133,17 @@ void before_exit(int exit_code) {
       return;
     }
     g_unwind_requested = true;
+    unwinds = true;
     Py_AddPendingCall(raise_pool_failed, nullptr);
-  }
+  });
+  if (!python || !unwinds) return;
   const auto asked = std::chrono::steady_clock::now();
   while (!g_unwind_started.load() && std::chrono::steady_clock::now() - asked < kUnwindStart) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   if (!g_unwind_started.load()) {
     // Blocked in C code: atexit runs here instead, and the process ends now.
-    py::gil_scoped_acquire gil;
-    run_atexit_and_flush();
+    with_python(run_atexit_and_flush);
     return;
   }
   // The main thread unwinds, runs atexit and says so; libdew's bound ends
@@ -165,6 +183,15 @@ void let_busy_threads_finish() {
 // failure's exit code instead of the interpreter's (whose static
 // destructors would leave a pool that is failing).
 void at_interpreter_exit() {
+  if (g_sigterm_unwinding.load() && !t_inside_gate) {
+    // Stopped from outside: atexit has run (this function is its last);
+    // the process ends by the signal, as an unhandled SIGTERM would.
+    flush_python_buffers();
+    close_gate();
+    std::fflush(nullptr);
+    std::signal(SIGTERM, SIG_DFL);
+    std::raise(SIGTERM);
+  }
   if (!g_unwind_requested.load()) {
     // The program ends by itself (a return, sys.exit). A library's worker
     // still busy (torch's gloo thread freeing a tensor) would take the GIL
@@ -173,6 +200,7 @@ void at_interpreter_exit() {
     // not the process's failure.
     let_busy_threads_finish();
     runtime::note_exit_under_way();
+    close_gate();
     return;
   }
   if (g_atexit_ran.load()) return;
@@ -182,6 +210,18 @@ void at_interpreter_exit() {
 }
 
 }  // namespace
+
+bool with_python(const std::function<void()>& work) {
+  std::lock_guard lock(g_gate_mutex);
+  if (g_gate_closed || !Py_IsInitialized() || _Py_IsFinalizing()) return false;
+  struct Inside {
+    Inside() { t_inside_gate = true; }
+    ~Inside() { t_inside_gate = false; }
+  } inside;
+  py::gil_scoped_acquire gil;
+  work();
+  return true;
+}
 
 bool pool_is_ending() { return g_unwind_requested.load() || (g_pool && g_pool->ending()); }
 

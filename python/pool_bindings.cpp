@@ -111,10 +111,12 @@ void install_join_failure_hook(const std::string& message) {
   });
 }
 
-// The launcher (or srun) stops the rest of a failed pool with SIGTERM, which
-// would end Python without flushing: unless the script handles SIGTERM
-// itself, it flushes and raises SystemExit(143) in the main thread, so
-// buffers, finally: blocks and atexit run (the launcher's grace bounds it).
+// The launcher (or srun, scancel, a time limit, a preemption) stops a pool
+// with SIGTERM, which would end Python without flushing: unless the script
+// handles SIGTERM itself, it tells the peers, flushes and raises
+// SystemExit(143) in the main thread, so buffers, finally: blocks and atexit
+// run (the launcher's grace bounds it); then the process ends by SIGTERM
+// (at_interpreter_exit), so Slurm's plugin and launchers see a stop.
 void handle_sigterm() {
   py::module_ signal = py::module_::import("signal");
   py::module_ threading = py::module_::import("threading");
@@ -126,6 +128,12 @@ void handle_sigterm() {
                           // bound, with the failure's own exit code; nothing to raise.
                           if (pool_is_ending()) return;
                           g_sigterm_unwinding = true;
+                          // The peers hear of the stop at once, as a stop;
+                          // the process ends by SIGTERM once atexit has run.
+                          if (auto& pool = the_pool()) {
+                            py::gil_scoped_release unlocked;
+                            pool->stopped_by_signal(signum);
+                          }
                           PyErr_SetObject(PyExc_SystemExit, py::int_(128 + signum).ptr());
                           throw py::error_already_set();
                         }));
@@ -222,8 +230,10 @@ void bind_step_watchdog(py::module_& m) {
       });
   py::class_<runtime::StepWatchdog>(
       m, "StepWatchdog",
-      "Ends this process (exit 124, naming its rank and the step) when one step runs longer than its bound, even "
-      "when the step is stuck in a read or in C code; the launcher or srun's plugin then ends the rest of the pool. "
+      "Ends the pool when one step runs longer than its bound, even when the step is stuck in a read or in C code. "
+      "In a pool, the processes behind are named and end with exit 124 (those outside a collective while their "
+      "peers wait in one: torch.distributed, DDP's backward, a pool call; else those at an earlier step), not "
+      "the peers that wait for them; the launcher or srun's plugin ends the rest. "
       "`with watchdog.step(): ...` is one step.")
       .def(py::init(&make_step_watchdog), py::arg("seconds") = py::none(),
            "seconds: the bound; None takes DEW_WATCHDOG (srun --dew-watchdog, plugstack watchdog=, dew launch "
@@ -241,6 +251,7 @@ void bind_step_watchdog(py::module_& m) {
 }
 
 void bind_pool(py::module_& m) {
+  install_collective_probe();
   bind_step_watchdog(m);
   py::class_<runtime::Pool>(m, "Pool", "This process's pool (from dew.prepare_process()).")
       .def_property_readonly("rank", &runtime::Pool::rank, "This process's rank, 0..size-1.")

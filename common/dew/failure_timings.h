@@ -42,6 +42,18 @@ inline constexpr std::chrono::milliseconds kSignalFramePushed = 300ms;
 // Processes that find the same peers late at an agreement wait this long for
 // process 0's word, so the late process is named once, not every waiter.
 inline constexpr std::chrono::milliseconds kLateWordWait = 1s;
+// A process stopped from outside (SIGTERM: scancel, preemption) tells its
+// peers before it unwinds: this long for the notice to leave (and process
+// 0's service to push it). Slurm's KillWait (30 s by default) bounds the
+// whole unwinding.
+inline constexpr std::chrono::milliseconds kStopNoticeFlush = 300ms;
+// A step over its StepWatchdog bound: the processes whose bounds passed
+// wait this long for each other's step reports (all begin a step at about
+// the same moment, so theirs pass together); one that has given none by
+// then is behind. Those that named another wait as long again for its own
+// word (its exit code 124) before naming it for it.
+inline constexpr std::chrono::milliseconds kStallReportWait = 2s;
+inline constexpr std::chrono::milliseconds kStallWordWait = 2s;
 // A device whose collective broke waits this long for the pool's word of the
 // peer that failed before failing the pool itself (the rehearsal, train/):
 // the peer that caused it is named, not the device that noticed.

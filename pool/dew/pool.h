@@ -233,6 +233,14 @@ class Pool {
   // not all equal.
   std::optional<std::string> compile_cache_key(const std::string& fingerprint);
 
+  // This process is being stopped by `signal_number` from outside the pool
+  // (scancel, a time limit's or a preemption's SIGTERM, a launcher): says so
+  // in one line and tells the peers, which end at once (75) naming the stop,
+  // unless the pool is ending already. Returns; the caller then ends the
+  // process by that signal's default action, so a launcher or Slurm's
+  // plugin sees a stop, not a failure to blame.
+  void stopped_by_signal(int signal_number);
+
   // Normal exit: tells the pool this process is done. Process 0 hosts the
   // coordination service and waits here until every other process has left.
   void leave();
@@ -262,6 +270,15 @@ Pool join(JoinOptions options = {});
 // is stuck). One hook per process; an empty function removes it.
 void set_before_exit(std::function<void(int exit_code)> flush);
 
+// What this process's framework says when one of its steps outlived its
+// bound: true when its main thread waits on its peers inside a collective,
+// false when it works on its own, nullopt when it cannot tell. Called on the
+// watchdog's thread, and must answer within a second. Python's `import dew`
+// sets one that reads the main thread's frames (torch.distributed, DDP, or
+// autograd's backward once a process group exists). An empty function
+// removes it.
+void set_collective_probe(std::function<std::optional<bool>()> probe);
+
 // Says that the program is ending by itself (its main function returned, or
 // Python's interpreter is finalizing after a return or sys.exit). From then
 // on a thread that ends in std::terminate with no exception (a library's
@@ -275,6 +292,14 @@ void note_exit_under_way();
 // Ends the process when one step runs longer than its bound. The bound is
 // DEW_WATCHDOG (the SPANK plugin's value: "30m", "90s", "2h", "off") or 30
 // minutes. A step is the life of the object step() returns.
+//
+// In a pool, the processes whose bounds pass say to each other their step
+// count and whether they wait on their peers inside a collective (a pool
+// call in flight, or what the collective probe says), for at most
+// timings::kStallReportWait; the processes behind (outside a collective
+// while others wait in one, silent, or at an earlier step) are named and end
+// with kWatchdogExitCode, the waiting ones as their peers. When no one is
+// known to wait (every step is just slow), each process names itself.
 class StepWatchdog {
  public:
   explicit StepWatchdog(std::optional<std::chrono::milliseconds> bound = std::nullopt);

@@ -102,6 +102,28 @@ TEST_F(NetnsFaults, ALinkDownMidStepEndsEveryProcessAtTheHeartbeatTimeoutNamingT
               step.seconds());
 }
 
+// n2's link goes down while both processes are in the middle of 4 MiB
+// gathers (a part half sent, a reply half read): each still ends within
+// the heartbeat bound (as it did before the bounded writes: a cut link
+// closes neither side; the frozen service is the case that hung, in
+// tests/unit/pool/local_test.cpp).
+TEST_F(NetnsFaults, ALinkDownDuringLargeGathersEndsEveryProcessWithinTheHeartbeatBound) {
+  Spawned step({"srun", "-W", "2", "--dew-pool", "-N2", "--ntasks-per-node=1", pool_worker(), "gather",
+                std::to_string(4 << 20), "100000"},
+               env({{"DEW_HEARTBEAT_TIMEOUT_SECONDS", "3"}}));
+  ASSERT_TRUE(step.wait_for_output("[1] Joined the pool", 60s)) << step.err();
+  std::this_thread::sleep_for(1s);
+  ASSERT_EQ(processes_of(pool_worker()), 2);
+  const auto cut = Clock::now();
+  ASSERT_EQ(network({"cut", dir_, "n2", "down"}).exit_code, 0);
+  const double gone = seconds_until_gone(pool_worker(), cut, 30s);
+  EXPECT_GT(gone, 0) << "a process still ran 30 s after the cut";
+  EXPECT_LT(gone, 8.0) << "the bound: 3 s x 1.25 + 1 s to leave, and slack";
+  step.wait(30s);
+  EXPECT_THAT(step.err(), HasSubstr("[0] ending: process 1 failed: ")) << step.err();
+  std::printf("link down during 4 MiB gathers: every process gone %.1f s after the cut\n", gone);
+}
+
 // n2's link goes down mid-step and comes back after every process has
 // ended. n2's slurmstepd sent its task's exit while cut off and never sends
 // it again; Slurm ends the step once the link is back, and plain srun (no

@@ -14,6 +14,8 @@
     pool_script.py late RANK       RANK never comes to an agreement the others wait for with patience 1 s
     pool_script.py stall RANK      steps under dew.StepWatchdog() (the launcher's bound); RANK's third
                                    step blocks in a read that never returns
+    pool_script.py stopped RANK    every rank prints READY; RANK sleeps (C code), the others wait for it in
+                                   an agreement: for a stop from outside (scancel, preemption)
     pool_script.py exit-terminate RANK CODE
                                    every rank ends by itself, RANK by sys.exit(CODE); on RANK a thread
                                    calls std::terminate (no exception) once the exit is under way, as
@@ -52,6 +54,12 @@ def main():
         framework_rendezvous(pool)
         return
     failing = int(sys.argv[2])
+    if mode == "stopped":
+        print(f"READY {pool.rank}", flush=True)
+        if pool.rank == failing:
+            time.sleep(600)
+        pool.agree("never")
+        return
     if mode == "exit":  # the failing rank ends by sys.exit(CODE) while the others wait for it
         if pool.rank == failing:
             time.sleep(0.3)

@@ -131,6 +131,35 @@ class TorchDdp(unittest.TestCase):
                 for peer in (0, 1, 3):
                     self.assertIn(f"[{peer}] ending: process 2 failed: uncaught exception: RuntimeError", done.stderr)
 
+    def test_a_stalled_rank_under_a_whole_step_watchdog_is_named_not_a_peer_waiting_for_it(self):
+        # Each whole DDP step under dew.StepWatchdog(3): rank 2's data loader
+        # stalls, so every rank's step outlives the bound (the peers wait in
+        # backward's all-reduce). Each named itself before: rank 0, 3, 1.
+        # (20 of 20: bench/frameworks --case stall.)
+        for attempt in range(2):
+            with self.subTest(attempt=attempt):
+                done, seconds = launch(4, DDP, "--dew", "--watchdog", "3", "--stall-rank", "2", "--stall-step", "3")
+                self.assertEqual(done.returncode, 124, done.stderr)
+                self.assertLess(seconds, 30, done.stderr)
+                self.assertIn("dew launch: rank 2 on localhost", done.stderr)
+                self.assertEqual(done.stderr.count(
+                    "[2] error: step 4 ran longer than its bound of 3s (StepWatchdog, DEW_WATCHDOG): rank 2 was not "
+                    "inside a collective while ranks 0, 1, 3 waited for it inside a collective at step 4"), 1,
+                    done.stderr)
+                for peer in (0, 1, 3):
+                    self.assertIn(f"[{peer}] ending: process 2 failed: step 4 ran longer", done.stderr)
+                    self.assertNotIn(f"[{peer}] error:", done.stderr)
+
+    def test_a_rank_stalled_between_watched_steps_is_named_by_the_peers_waiting_for_it(self):
+        # Rank 1 stalls outside its watchdog's steps: its own bound never
+        # passes; the peers' do, inside DDP's all-reduce, and they name it.
+        done, _ = launch(3, DDP, "--dew", "--watchdog", "3", "--stall-rank", "1", "--stall-step", "2",
+                         "--stall-outside-step")
+        self.assertEqual(done.returncode, 1, done.stderr)
+        self.assertIn("dew launch: rank 1 on localhost failed: its peers ended because it is behind: rank 1 gave no "
+                      "step report (outside a watched step, or not answering) while ranks 0, 2 waited for it inside a "
+                      "collective", done.stderr)
+
     def test_the_hybrid_example_matches_one_process(self):
         one, pool = os.path.join(self.dir, "hybrid-one.json"), os.path.join(self.dir, "hybrid-pool.json")
         done, _ = run([PYTHON, HYBRID, "--out", one])

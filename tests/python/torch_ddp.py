@@ -4,11 +4,17 @@ the gloo backend, fp64, a seeded global batch split by rank. Nothing in it
 knows Dew, except `--dew`, which adds the two lines Dew asks for on top.
 
     torch_ddp.py [--dew] [--steps N] [--out FILE] [--fail-rank R --fail-step S] [--keep-alive]
+                 [--watchdog SECONDS] [--stall-rank R --stall-step S] [--slow-rank R --slow-seconds T]
 
 --out: rank 0 writes {"losses": [...], "world": W, "env": {...}} there.
 --fail-rank/--fail-step: that rank's data loader raises at that step
 (printing "RAISING <unix time>" first); --keep-alive also starts a
 non-daemon thread that would keep the failing interpreter alive.
+--watchdog: each whole step (data, forward, backward, optimizer) runs under
+dew.StepWatchdog(SECONDS); --stall-rank/--stall-step: that rank's data
+loader stalls there (10 minutes, printing "STALLING"); --slow-rank: that
+rank's data loader takes T seconds more every step; --stall-outside-step:
+the stall comes before the watched step, not inside it.
 """
 import argparse
 import json
@@ -24,10 +30,17 @@ parser.add_argument("--out")
 parser.add_argument("--fail-rank", type=int, default=-1)
 parser.add_argument("--fail-step", type=int, default=5)
 parser.add_argument("--keep-alive", action="store_true")
+parser.add_argument("--watchdog", type=float)
+parser.add_argument("--stall-rank", type=int, default=-1)
+parser.add_argument("--stall-step", type=int, default=3)
+parser.add_argument("--stall-outside-step", action="store_true")
+parser.add_argument("--slow-rank", type=int, default=-1)
+parser.add_argument("--slow-seconds", type=float, default=0.0)
 args = parser.parse_args()
 
-if args.dew:
+if args.dew or args.watchdog:
     import dew
+if args.dew:
     dew.prepare_process()
 
 import torch
@@ -47,13 +60,25 @@ inputs = torch.randn(args.steps, GLOBAL_BATCH, 8, generator=generator, dtype=tor
 targets = torch.randn(args.steps, GLOBAL_BATCH, 1, generator=generator, dtype=torch.float64)
 share = GLOBAL_BATCH // world
 
-losses = []
-for step in range(args.steps):
+watchdog = dew.StepWatchdog(args.watchdog) if args.watchdog else None
+
+
+def stall_here(step):
+    if rank == args.stall_rank and step == args.stall_step:
+        print(f"STALLING {time.time():.3f}", flush=True)
+        time.sleep(600)
+
+
+def one_step(step):
     if rank == args.fail_rank and step == args.fail_step:
         if args.keep_alive:
             threading.Thread(target=time.sleep, args=(600,)).start()
         print(f"RAISING {time.time():.3f}", flush=True)
         raise RuntimeError(f"data loader of rank {rank} failed at step {step}")
+    if not args.stall_outside_step:
+        stall_here(step)
+    if rank == args.slow_rank:
+        time.sleep(args.slow_seconds)
     x = inputs[step, rank * share:(rank + 1) * share]
     y = targets[step, rank * share:(rank + 1) * share]
     optimizer.zero_grad()
@@ -65,6 +90,17 @@ for step in range(args.steps):
     losses.append(mean.item() / world)
     if rank == 0:
         print(f"step {step}: loss {losses[-1]:.9f}", flush=True)
+
+
+losses = []
+for step in range(args.steps):
+    if args.stall_outside_step:
+        stall_here(step)
+    if watchdog:
+        with watchdog.step():
+            one_step(step)
+    else:
+        one_step(step)
 
 if rank == 0 and args.out:
     names = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"]

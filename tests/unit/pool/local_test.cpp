@@ -120,6 +120,29 @@ TEST(LocalPool, AFrozenRankIsFoundByHeartbeats) {
   pool.ranks[2]->signal(SIGKILL);
 }
 
+// Process 0 frozen (SIGSTOP) while every rank is in the middle of 4 MiB
+// gathers: a rank stuck sending its part into full socket buffers, or
+// reading a half-received reply, ends within the heartbeat timeout + 2 s,
+// as a peer. Before, one stuck in send never ended (its heartbeat thread
+// spun a core waiting for the writer) and one stuck mid-reply ended only at
+// the failure grace (60 s).
+TEST(LocalPool, AFrozenProcess0DuringLargeGathersEndsEveryRankWithinTheHeartbeatBound) {
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    SCOPED_TRACE("attempt " + std::to_string(attempt));
+    LocalPool pool(3, {"gather", std::to_string(4 << 20), "100000"}, {{"DEW_HEARTBEAT_TIMEOUT_SECONDS", "2"}});
+    ASSERT_TRUE(pool.ranks[1]->wait_for_output("Joined the pool", 20s)) << pool.describe();
+    std::this_thread::sleep_for(std::chrono::milliseconds(300 + 200 * attempt));
+    pool.ranks[0]->signal(SIGSTOP);
+    const auto stopped = std::chrono::steady_clock::now();
+    for (int r : {1, 2}) EXPECT_EQ(pool.ranks[static_cast<std::size_t>(r)]->wait(10s), 75) << pool.describe();
+    const double ended = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count();
+    EXPECT_LT(ended, 4.0) << pool.describe();
+    EXPECT_THAT(pool.ranks[1]->err(), HasSubstr("[1] ending: process 0 failed: ")) << pool.describe();
+    pool.ranks[0]->signal(SIGKILL);
+    pool.ranks[0]->wait(5s);
+  }
+}
+
 // A rank paused for less than the heartbeat timeout: its heartbeats arrive
 // late but arrive. Process 0 names it as slow, and the agreement held up by
 // it says whom it waits for once it has waited DEW_SLOW_SECONDS; the pool
