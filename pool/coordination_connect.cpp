@@ -74,15 +74,23 @@ Result<tcp::socket> connect_with_retries(asio::io_context& io, const ClientConfi
 }
 
 // Reads what the service sends until `read` concludes or the deadline passes.
+// A service that accepted the connection (its kernel did) and then says
+// nothing for the heartbeat timeout is stopped or frozen: "silent", at once,
+// not at the join's deadline.
 template <typename Read>
 handshake::Reading read_until_conclusive(int fd, std::string& buffer, const ClientConfig& config,
                                          WaitReporter& reporter, std::string& error, Read read) {
+  auto heard = Clock::now();
   for (;;) {
     auto reading = read(std::string_view(buffer));
     if (reading.heard != handshake::Heard::kNeedMore) return reading;
     const auto left = config.join_deadline - Clock::now();
     if (left <= Clock::duration::zero()) {
       error = "timed out";
+      return reading;
+    }
+    if (Clock::now() - heard > config.heartbeat_timeout) {
+      error = "silent";
       return reading;
     }
     pollfd ready{fd, POLLIN, 0};
@@ -104,6 +112,7 @@ handshake::Reading read_until_conclusive(int fd, std::string& buffer, const Clie
       return reading;
     }
     buffer.append(chunk, static_cast<std::size_t>(n));
+    heard = Clock::now();
   }
 }
 
@@ -128,6 +137,11 @@ Error handshake_error(const handshake::Reading& reading, const std::string& buff
       break;
   }
   const std::string heard = handshake::describe_heard(buffer);
+  if (error == "silent") {
+    return unavailable("process 0 stopped answering during the join: the coordination service at " + where +
+                       " accepted the connection, then said nothing for " + seconds_of(config.heartbeat_timeout) +
+                       " (DEW_HEARTBEAT_TIMEOUT_SECONDS; process 0 stopped or frozen); heard " + heard);
+  }
   if (error == "timed out") {
     return timeout_error("the coordinator at " + where +
                          " accepted the connection but the handshake did not end within " +

@@ -103,21 +103,27 @@ void check_tcp_pool(const Pool::State& state, const std::string& secret) {
   }
 }
 
-// Plain srun, no secret: process 0 draws one and seals it with MUNGE in
-// every challenge; the others open it. Checked at once on process 0, so a
-// cluster without munged says so before anyone waits.
+// Plain srun, no secret: every process needs munged (process 0 seals with
+// it, the others open with it). Checked at once on every process, so a
+// cluster without munged says so everywhere before anyone waits (the others
+// retried connecting to a process 0 that had failed for 300 s).
+void require_munge(const munge_auth::Where& where, const std::string& context) {
+  auto probe = munge_auth::seal(where, context, "probe");
+  if (!probe.ok()) {
+    throw PoolError(Error{probe.error().code, "DEW_POOL_SECRET is not set and " + probe.error().message +
+                                                  ": run munged (MUNGE), use srun --dew-pool, or export the same "
+                                                  "DEW_POOL_SECRET (64 hex digits) to every process"});
+  }
+}
+
+// Process 0 draws the secret and seals it with MUNGE in every challenge; the
+// others open it.
 std::function<Result<std::string>()> seal_with_munge(const Pool::State& state, std::string& secret) {
   auto fresh = random_hex(32);
   if (!fresh.ok()) throw PoolError(fresh.error());
   secret = fresh.value();
   const auto where = munge_auth::where_from_env();
   const std::string context = munge_context(state);
-  auto probe = munge_auth::seal(where, context, secret);
-  if (!probe.ok()) {
-    throw PoolError(Error{probe.error().code, "DEW_POOL_SECRET is not set and " + probe.error().message +
-                                                  ": run munged (MUNGE), use srun --dew-pool, or export the same "
-                                                  "DEW_POOL_SECRET (64 hex digits) to every process"});
-  }
   return [where, context, secret] { return munge_auth::seal(where, context, secret); };
 }
 
@@ -257,7 +263,10 @@ void join_with(Pool::State& s, const JoinOptions& options, Clock::time_point sta
       check_tcp_pool(*state, secret);
       log_debug("join: coordinator " + id.coordinator->text() + " from " + id.coordinator_from);
       const bool munge = secret.empty();
-      if (munge) log_debug("join: no DEW_POOL_SECRET: MUNGE stands for it (" + munge_context(*state) + ")");
+      if (munge) {
+        log_debug("join: no DEW_POOL_SECRET: MUNGE stands for it (" + munge_context(*state) + ")");
+        require_munge(munge_auth::where_from_env(), munge_context(*state));
+      }
       if (id.rank == 0) {
         auto credential = munge ? seal_with_munge(*state, secret) : std::function<Result<std::string>()>{};
         state->service = start_service(*state, secret, id.coordinator->port, std::move(credential));
