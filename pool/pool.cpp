@@ -333,7 +333,12 @@ Pool join(JoinOptions options) {
   // kJoinFailedExitCode rather than std::terminate's abort.
   if (options.failure_handlers) guard_join_failure();
   try {
-    return Pool(join_pool(options, started));
+    Pool pool(join_pool(options, started));
+    // The secret lets anyone who has it into the pool: once joined, this
+    // process needs it no more, and its children (a shell, a data loader,
+    // a user's subprocess) should not carry it.
+    if (!options.secret) ::unsetenv("DEW_POOL_SECRET");
+    return pool;
   } catch (const PoolError& error) {
     note_join_failure(error.what());
     throw;

@@ -160,6 +160,9 @@ runtime::Pool& prepare_process(std::optional<bool> multi_host, std::optional<dou
   // jax.distributed.initialize() finds its rendezvous under any launcher.
   py::object environ = py::module_::import("os").attr("environ");
   for (const auto& [name, value] : pool->framework_variables()) environ[py::str(name)] = value;
+  // join() took the secret out of the process's environment; Python's copy
+  // (what subprocess gives a child) loses it too.
+  environ.attr("pop")("DEW_POOL_SECRET", py::none());
   install_fast_failure(*pool);
   handle_sigterm();
   return *pool;

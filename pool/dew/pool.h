@@ -70,7 +70,7 @@ struct JoinOptions {
   std::optional<int> rank;
   std::optional<int> size;
   std::optional<std::string> coordinator;  // "host:port"
-  std::optional<std::string> secret;       // default: DEW_POOL_SECRET
+  std::optional<std::string> secret;       // default: DEW_POOL_SECRET, removed from the environment once joined
   // One Slurm task (SLURM_NTASKS=1) forms no pool unless this is set.
   bool multi_host = false;
   // Default: DEW_AGREEMENT_PATIENCE_SECONDS, else one day.

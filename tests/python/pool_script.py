@@ -23,6 +23,7 @@
 """
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -47,6 +48,9 @@ def main():
             "gather": [p.decode() for p in parts], "gets": gets,
             "mesh": ids.reshape(-1).tolist(), "shape": list(ids.shape), "axes": list(names),
             "kwargs": pool.jax_distributed_kwargs(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
+            "secret_in_environ": "DEW_POOL_SECRET" in os.environ,
+            "secret_in_child": subprocess.run(["sh", "-c", "echo ${DEW_POOL_SECRET:-none}"], capture_output=True,
+                                              text=True).stdout.strip() != "none",
         }), flush=True)
         pool.agree("end")
         return

@@ -159,6 +159,9 @@ class Pools(unittest.TestCase):
             self.assertEqual(r["gets"], [f"hello from {k}" for k in range(4)])
             self.assertEqual(r["mesh"], want["devices"])
             self.assertIn("--xla_gpu_execution_terminate_timeout=30m", r["xla_flags"])
+            # Joined: the secret is gone from os.environ and from a child's environment.
+            self.assertFalse(r["secret_in_environ"])
+            self.assertFalse(r["secret_in_child"])
             env = subprocess.run([DEW, "env", "--json"], capture_output=True, text=True,
                                  env=dict(os.environ, DEW_PROCESS_ID=str(rank), DEW_PROCESS_COUNT="4",
                                           DEW_COORDINATOR_ADDRESS="127.0.0.1:20001",

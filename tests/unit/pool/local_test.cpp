@@ -367,6 +367,14 @@ TEST(LocalPool, DebugLevelShowsTheJoinsSteps) {
   EXPECT_THAT(errors_only.all_output(), Not(HasSubstr("Joined the pool")));
 }
 
+// The secret admits anyone who has it: once a process joined, it is gone
+// from its environment, so its children (a shell, a subprocess) lack it.
+TEST(LocalPool, ThePoolSecretLeavesTheEnvironmentOnceJoined) {
+  LocalPool pool(2, {"join"});
+  ASSERT_EQ(pool.wait_all(30s), std::vector<int>({0, 0})) << pool.describe();
+  for (const auto& rank : pool.ranks) EXPECT_THAT(rank->out(), HasSubstr("SECRET gone")) << pool.describe();
+}
+
 TEST(LocalPool, ABadLogLevelIsOneLineNamingTheAllowedValues) {
   Spawned process({worker(), "join"}, {{"DEW_LOG_LEVEL", "loud"}});
   EXPECT_NE(process.wait(20s), 0);  // join() throws: the worker leaves it uncaught

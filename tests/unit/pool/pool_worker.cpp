@@ -201,7 +201,10 @@ int main(int argc, char** argv) {
   if (scenario == "start") return 0;
   Pool pool = dew::runtime::join();
   if (scenario == "exchange") return exchange(pool);
-  if (scenario == "join") return 0;
+  if (scenario == "join") {
+    line(std::string("SECRET ") + (std::getenv("DEW_POOL_SECRET") ? "still in the environment" : "gone"));
+    return 0;
+  }
   if (scenario == "race") return race(pool, arg(2));
   if (scenario == "rounds") return rounds(pool, static_cast<std::size_t>(std::stoll(argv[2])), arg(3));
   if (scenario == "gather") return gather(pool, static_cast<std::size_t>(std::stoll(argv[2])), arg(3));
