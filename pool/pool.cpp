@@ -225,9 +225,19 @@ void agree_joined(Pool::State& state, Clock::time_point started) {
   const auto patience = std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()),
                                  std::chrono::milliseconds(0));
   WaitReporter reporter("every process to join the pool", started, state.settings.join_timeout);
+  // Slurm tells no one of a task that ended before it joined: said, so a
+  // user does not wait out the timeout in silence wondering.
+  const std::string unseen =
+      state.loss_before_join_unseen
+          ? "under srun without --dew-pool a process that ended before joining is seen only when the join's " +
+                seconds_of(state.settings.join_timeout) +
+                " run out (DEW_JOIN_TIMEOUT_SECONDS); srun's own lines say whether a task exited"
+          : "";
   TickerThread ticker([&] {
     const auto missing = state.service ? state.service->unconnected_ranks() : std::vector<int>{};
-    reporter.tick(missing.empty() ? "" : processes_text(missing) + " not connected yet");
+    std::string detail = missing.empty() ? "" : processes_text(missing) + " not connected yet";
+    if (!unseen.empty()) detail += detail.empty() ? unseen : " (" + unseen + ")";
+    reporter.tick(detail);
   });
   // The service answers at the patience's end; a little longer is its silence.
   auto agreed = state.client->agree("dew.joined", patience, deadline + std::chrono::seconds(2));
@@ -299,6 +309,7 @@ std::unique_ptr<Pool::State> join_pool(const JoinOptions& options, Clock::time_p
   state->identity = identity.value();
   state->settings = settings.value();
   state->lines_prefixed = env.count("DEW_LINES_PREFIXED") && env.at("DEW_LINES_PREFIXED") == "1";
+  state->loss_before_join_unseen = identity.value().source == PoolSource::kSlurm && !env.count("DEW_PROCESS_ID");
   Identity& id = state->identity;
   std::string secret = options.secret.value_or(env.count("DEW_POOL_SECRET") ? env.at("DEW_POOL_SECRET") : "");
 

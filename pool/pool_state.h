@@ -55,6 +55,10 @@ struct Pool::State {
   // Written by a fatal signal's handler: whole lines, prefix included.
   std::string signal_lines[std::size(kFatalSignals)];
 
+  // Under plain srun (Slurm's variables, no plugin) no launcher ends the
+  // step when a task ends before it joins: the join's wait says so.
+  bool loss_before_join_unseen = false;
+
   // "[rank] ", unless a launcher (dew launch) already prefixes every line.
   bool lines_prefixed = false;
   std::string prefix() const { return lines_prefixed ? "" : "[" + std::to_string(identity.rank) + "] "; }

@@ -61,6 +61,29 @@ TEST(SlurmPool, PlainSrunWithoutASecretJoinsThroughMunge) {
   EXPECT_EQ(r.err.find("DEW_POOL_SECRET"), std::string::npos) << r.err;
 }
 
+// Plain srun: rank 2 exits before it joins. Slurm tells no one (the step
+// goes on), so the others wait out the join's timeout; by 5 s every waiting
+// line says so, and the end names rank 2 and the bound.
+TEST(SlurmPool, PlainSrunARankGoneBeforeJoiningIsSaidWithinTenSecondsAndNamedAtTheBound) {
+  auto r =
+      cluster().srun({"-N2", "--ntasks-per-node=2", "/bin/sh", "-c",
+                      "if [ \"$SLURM_PROCID\" = 2 ]; then exit 3; fi; exec '" + pool_worker() + "' join"},
+                     {{"DEW_COORDINATOR_ADDRESS", cluster().node_address("n1") + ":" + std::to_string(free_port())},
+                      {"DEW_MUNGE_SOCKET", munge_socket()},
+                      {"DEW_JOIN_TIMEOUT_SECONDS", "8"}},
+                     60s);
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("[0] waiting for every process to join the pool (5 s of 8 s): process 2 not connected "
+                               "yet (under srun without --dew-pool a process that ended before joining is seen only "
+                               "when the join's 8 s run out (DEW_JOIN_TIMEOUT_SECONDS); srun's own lines say whether "
+                               "a task exited)"))
+      << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("[1] waiting for every process to join the pool (5 s of 8 s): under srun without "
+                               "--dew-pool"))
+      << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("process 2 never joined the pool within 8 s (DEW_JOIN_TIMEOUT_SECONDS)")) << describe(r);
+}
+
 // Every process says so at once, with the join's default timeout (300 s):
 // before, only process 0 did, and the others retried for the whole timeout.
 TEST(SlurmPool, PlainSrunWithoutMungeOrASecretSaysWhatToSetOnEveryProcessAtOnce) {
