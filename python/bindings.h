@@ -47,6 +47,12 @@ void flush_python_buffers();
 // (stall_probe.cpp).
 void install_collective_probe();
 
+// Pool.stop_requested() (stop_request.cpp): arm_stop_request() makes
+// SIGTERM and SIGUSR1 mark a stop instead of ending the script (main thread
+// only); stop_signal_seen() is the first such signal, or 0.
+void arm_stop_request();
+int stop_signal_seen();
+
 void bind_pool(pybind11::module_& m);
 void bind_failure(pybind11::module_& m);
 void bind_mesh(pybind11::module_& m);

@@ -288,6 +288,26 @@ void bind_pool(py::module_& m) {
           },
           py::arg("data"), "Every process's bytes, in rank order.")
       .def(
+          "stop_requested",
+          [](runtime::Pool& p) {
+            arm_stop_request();
+            const char mine = static_cast<char>(stop_signal_seen() != 0);
+            auto all = guarded<runtime::Gathered>([&p, mine] { return p.all_gather(std::string(1, mine)); });
+            for (std::size_t rank = 0; rank < all.size(); ++rank) {
+              if (all[rank] == std::string_view("\1", 1)) {
+                log_info("stopping at this stop_requested(), with every process: process " + std::to_string(rank) +
+                         " was asked to stop");
+                return true;
+              }
+            }
+            return false;
+          },
+          "An agreed stop for time limits and preemption: True on every process at the same call once any process "
+          "got SIGTERM (scancel, a preemption, the time limit) or SIGUSR1 (Slurm's --signal=USR1@SECONDS warning) "
+          "since the first call. Call it at the same point of every step on every process (one all_gather of a "
+          "byte); when it is True, save a checkpoint and return. The first call (on the main thread) arms it: from "
+          "then on those signals no longer end the script.")
+      .def(
           "put",
           [](runtime::Pool& p, const std::string& key, const py::bytes& value) {
             const std::string v = value;

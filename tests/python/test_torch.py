@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -159,6 +160,39 @@ class TorchDdp(unittest.TestCase):
         self.assertIn("dew launch: rank 1 on localhost failed: its peers ended because it is behind: rank 1 gave no "
                       "step report (outside a watched step, or not answering) while ranks 0, 2 waited for it inside a "
                       "collective", done.stderr)
+
+    def test_a_stop_signal_to_one_rank_stops_every_rank_at_one_step_and_the_resumed_run_matches(self):
+        # Slurm's time-limit warning (SIGUSR1) or a preemption's SIGTERM, to
+        # one rank here: pool.stop_requested() is True on every rank at the
+        # same step, rank 0 saves, all return 0; a second start resumes.
+        for signum in (signal.SIGUSR1, signal.SIGTERM):
+            with self.subTest(signal=signum.name):
+                where = tempfile.mkdtemp(dir=self.dir)
+                out = os.path.join(where, "losses.json")
+                argv = [DEW, "launch", "--processes-per-host", "4", "--", PYTHON, DDP, "--dew", "--checkpoint", where,
+                        "--step-sleep", "0.3", "--out", out]
+                first = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                pids = {}
+                for line in first.stdout:
+                    match = re.match(r"\[(\d)\] PID (\d+)", line)
+                    if match:
+                        pids[int(match.group(1))] = int(match.group(2))
+                    if line.startswith("[0] step 1:"):
+                        os.kill(pids[2], signum)
+                        break
+                rest, err = first.communicate(timeout=60)
+                self.assertEqual(first.returncode, 0, err)
+                saved = re.search(r"\[0\] SAVED before step (\d+)", rest)
+                self.assertIsNotNone(saved, rest + err)
+                self.assertLess(int(saved.group(1)), 8)
+                self.assertIn(f"[2] got signal {int(signum)} (SIG{signum.name[3:]}): every process stops", err)
+                for rank in range(4):
+                    self.assertIn(f"[{rank}] stopping at this stop_requested(), with every process: process 2 was "
+                                  "asked to stop", err)
+                again, _ = run(argv)
+                self.assertEqual(again.returncode, 0, again.stderr)
+                self.assertIn(f"[0] RESUMED at step {saved.group(1)}", again.stdout)
+                self.check_against_one_process(out, 4)
 
     def test_the_hybrid_example_matches_one_process(self):
         one, pool = os.path.join(self.dir, "hybrid-one.json"), os.path.join(self.dir, "hybrid-pool.json")

@@ -5,6 +5,7 @@ knows Dew, except `--dew`, which adds the two lines Dew asks for on top.
 
     torch_ddp.py [--dew] [--steps N] [--out FILE] [--fail-rank R --fail-step S] [--keep-alive]
                  [--watchdog SECONDS] [--stall-rank R --stall-step S] [--slow-rank R --slow-seconds T]
+                 [--checkpoint DIR [--step-sleep S]]
 
 --out: rank 0 writes {"losses": [...], "world": W, "env": {...}} there.
 --fail-rank/--fail-step: that rank's data loader raises at that step
@@ -15,6 +16,10 @@ dew.StepWatchdog(SECONDS); --stall-rank/--stall-step: that rank's data
 loader stalls there (10 minutes, printing "STALLING"); --slow-rank: that
 rank's data loader takes T seconds more every step; --stall-outside-step:
 the stall comes before the watched step, not inside it.
+--checkpoint (with --dew): resumable, as a script meant for time limits and preemption is
+written: it loads DIR/state.pt when there is one, calls pool.stop_requested() after every
+step, and when it is True rank 0 saves the state (whole file or none) and every rank returns;
+each rank prints "PID <pid>" first; --step-sleep slows each step.
 """
 import argparse
 import json
@@ -36,12 +41,13 @@ parser.add_argument("--stall-step", type=int, default=3)
 parser.add_argument("--stall-outside-step", action="store_true")
 parser.add_argument("--slow-rank", type=int, default=-1)
 parser.add_argument("--slow-seconds", type=float, default=0.0)
+parser.add_argument("--checkpoint")
+parser.add_argument("--step-sleep", type=float, default=0.0)
 args = parser.parse_args()
 
 if args.dew or args.watchdog:
     import dew
-if args.dew:
-    dew.prepare_process()
+pool = dew.prepare_process() if args.dew else None
 
 import torch
 import torch.distributed as dist
@@ -93,7 +99,30 @@ def one_step(step):
 
 
 losses = []
-for step in range(args.steps):
+first = 0
+state_file = os.path.join(args.checkpoint, "state.pt") if args.checkpoint else None
+if state_file and os.path.exists(state_file):
+    state = torch.load(state_file)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    first, losses = state["next_step"], state["losses"]
+    print(f"RESUMED at step {first}", flush=True)
+if args.checkpoint:
+    print(f"PID {os.getpid()}", flush=True)
+
+
+def save(next_step):
+    if rank != 0:
+        return
+    partial = state_file + ".partial"
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "next_step": next_step,
+                "losses": losses}, partial)
+    os.replace(partial, state_file)  # whole or not at all
+    print(f"SAVED before step {next_step}", flush=True)
+
+
+for step in range(first, args.steps):
+    time.sleep(args.step_sleep)
     if args.stall_outside_step:
         stall_here(step)
     if watchdog:
@@ -101,6 +130,9 @@ for step in range(args.steps):
             one_step(step)
     else:
         one_step(step)
+    if args.checkpoint and pool.stop_requested():
+        save(step + 1)
+        break
 
 if rank == 0 and args.out:
     names = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"]

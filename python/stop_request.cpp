@@ -1,0 +1,44 @@
+// An agreed stop for time limits and preemption (Pool.stop_requested()):
+// once armed, SIGTERM (scancel, a preemption, the time limit's end) and
+// SIGUSR1 (Slurm's warning: --signal=USR1@SECONDS, or forwarded by a batch
+// script from --signal=B:USR1@SECONDS) no longer end the script; they mark a
+// stop, which every process learns at the same stop_requested() call.
+#include <pybind11/pybind11.h>
+
+#include <atomic>
+#include <csignal>
+#include <string>
+
+#include "bindings.h"
+#include "dew/log.h"
+
+namespace py = pybind11;
+
+namespace dew::python {
+namespace {
+
+std::atomic<int> g_stop_signal{0};
+bool g_armed = false;  // under the GIL
+
+}  // namespace
+
+void arm_stop_request() {
+  if (g_armed) return;
+  py::module_ signal = py::module_::import("signal");
+  py::module_ threading = py::module_::import("threading");
+  if (!threading.attr("current_thread")().is(threading.attr("main_thread")())) {
+    throw py::value_error("stop_requested() must first be called on the main thread (Python takes signals there)");
+  }
+  const auto mark = py::cpp_function([](int signum, const py::object&) {
+    // A pool that is failing ends this process by itself, with its own code.
+    if (pool_is_ending() || g_stop_signal.exchange(signum) != 0) return;
+    log_info(std::string("got signal ") + std::to_string(signum) + " (SIG" + sigabbrev_np(signum) +
+             "): every process stops at its next stop_requested() (Pool.stop_requested)");
+  });
+  for (const char* name : {"SIGTERM", "SIGUSR1"}) signal.attr("signal")(signal.attr(name), mark);
+  g_armed = true;
+}
+
+int stop_signal_seen() { return g_stop_signal.load(); }
+
+}  // namespace dew::python
