@@ -6,6 +6,7 @@
 #include <string>
 
 #include "dew/pool.h"
+#include "pace_verdict.h"
 
 namespace dew::runtime::detail {
 
@@ -20,5 +21,12 @@ Pool::State* attached_pool();
 // alone, as fail_process(message, kWatchdogExitCode); in a pool, the
 // processes behind are named (stall_inquiry.cpp, stall_verdict.h).
 [[noreturn]] void end_step_over_bound(std::uint64_t step, const std::string& message);
+
+// While steps run in a pool (stall_inquiry.cpp): whether this process's
+// main thread waits on its peers now (nullopt: no pool to ask about);
+// publishing a window's samples, after which process 0 names the slow
+// processes of the window before.
+std::optional<bool> sample_waits_on_peers();
+void publish_pace(const PaceStats& ended, double interval_seconds);
 
 }  // namespace dew::runtime::detail

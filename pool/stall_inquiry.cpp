@@ -9,7 +9,9 @@
 
 #include "dew/exit_status.h"
 #include "dew/failure_timings.h"
+#include "dew/log.h"
 #include "failure.h"
+#include "pace_verdict.h"
 #include "pool_state.h"
 #include "stall_verdict.h"
 
@@ -60,6 +62,34 @@ void set_collective_probe(std::function<std::optional<bool>()> probe) {
 }
 
 namespace detail {
+
+std::optional<bool> sample_waits_on_peers() {
+  Pool::State* state = attached_pool();
+  if (!state || !state->client || state->identity.size < 2 || state->failing.load() || state->ending.load()) {
+    return std::nullopt;
+  }
+  return waits_on_peers(*state->client);
+}
+
+// Every process puts the window that ended under its rank (keys of two
+// windows alternate, so process 0 reads the one before whole); process 0
+// says which processes were slow in it, one window late.
+void publish_pace(const PaceStats& ended, double interval_seconds) {
+  Pool::State* state = attached_pool();
+  if (!state || !state->client || state->identity.size < 2 || state->failing.load() || state->ending.load()) return;
+  const auto key = [](std::uint64_t window, int rank) {
+    return "dew/pace/" + std::to_string(window % 2) + "/" + std::to_string(rank);
+  };
+  state->client->put(key(ended.window, state->identity.rank), encode_pace(ended));
+  if (state->identity.rank != 0 || ended.window == 0) return;
+  const std::uint64_t before = ended.window - 1;
+  std::vector<std::optional<PaceStats>> stats(static_cast<std::size_t>(state->identity.size));
+  for (int rank = 0; rank < state->identity.size; ++rank) {
+    auto got = state->client->get(key(before, rank), std::chrono::milliseconds(0));
+    if (got.ok() && got.value()) stats[static_cast<std::size_t>(rank)] = decode_pace(*got.value());
+  }
+  for (const auto& line : slow_processes(stats, before, interval_seconds)) log_warn(line);
+}
 
 void end_step_over_bound(std::uint64_t step, const std::string& message) {
   Pool::State* state = attached_pool();

@@ -3,11 +3,14 @@
 // pool, stall_inquiry.cpp names the processes behind.
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include "dew/pool.h"
+#include "dew/text.h"
 #include "dew/watchdog.h"
 #include "failure.h"
 
@@ -24,15 +27,86 @@ std::string bound_text(std::chrono::milliseconds bound) {
 
 }  // namespace
 
+using Clock = std::chrono::steady_clock;
+
+// The pace window a wall-clock moment falls in (every process's clock: the
+// windows of a pool line up).
+std::uint64_t pace_window(double interval_seconds) {
+  const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  return static_cast<std::uint64_t>(now / interval_seconds);
+}
+
+// DEW_PACE_SECONDS: the window of the slow-process report, 60 s unless set.
+double pace_interval_from_env() {
+  const char* text = std::getenv("DEW_PACE_SECONDS");
+  if (!text) return 60;
+  const auto seconds = parse_whole<unsigned>(text);
+  if (!seconds || *seconds < 1) {
+    throw PoolError(invalid_argument("DEW_PACE_SECONDS='" + printable(text) +
+                                     "' is not allowed; allowed: a whole number of seconds, 1 or more (default 60)"));
+  }
+  return *seconds;
+}
+
 struct StepWatchdog::State {
   std::optional<std::chrono::milliseconds> bound;
   std::mutex mutex;
   std::condition_variable changed;
-  std::optional<std::chrono::steady_clock::time_point> started;
+  std::optional<Clock::time_point> started;
   std::uint64_t steps = 0;
   bool stopping = false;
+  // While steps run in a pool: a look at the main thread every
+  // sample_every, and this window's samples and steps (pace_verdict.h).
+  double pace_interval = 60;
+  std::chrono::milliseconds sample_every{1000};
+  Clock::time_point next_sample{};
+  PaceStats pace;
   std::thread thread;
+
+  // At a sample's time, with the lock held (released while it looks).
+  void sample(std::unique_lock<std::mutex>& lock);
+  void run();
 };
+
+void StepWatchdog::State::sample(std::unique_lock<std::mutex>& lock) {
+  next_sample = Clock::now() + sample_every;
+  lock.unlock();
+  const auto waits = detail::sample_waits_on_peers();
+  const std::uint64_t window = pace_window(pace_interval);
+  lock.lock();
+  if (!waits) return;
+  if (window != pace.window) {
+    PaceStats ended = std::exchange(pace, PaceStats{window});
+    if (ended.window != 0 && ended.window + 1 == window) {
+      lock.unlock();
+      detail::publish_pace(ended, pace_interval);
+      lock.lock();
+    }
+  }
+  ++pace.samples;
+  pace.waiting += *waits ? 1 : 0;
+}
+
+void StepWatchdog::State::run() {
+  std::unique_lock lock(mutex);
+  while (!stopping) {
+    if (!started) {
+      changed.wait(lock, [&] { return stopping || started.has_value(); });
+      continue;
+    }
+    const auto step = steps;
+    const auto deadline = *started + *bound;
+    const auto wake = std::min(deadline, next_sample);
+    if (changed.wait_until(lock, wake, [&] { return stopping || steps != step || !started; })) continue;
+    if (Clock::now() < deadline) {
+      sample(lock);
+      continue;
+    }
+    lock.unlock();
+    detail::end_step_over_bound(step, "step " + std::to_string(step) + " ran longer than its bound of " +
+                                          bound_text(*bound) + " (StepWatchdog, DEW_WATCHDOG)");
+  }
+}
 
 StepWatchdog::StepWatchdog(std::optional<std::chrono::milliseconds> bound) : state_(std::make_unique<State>()) {
   if (bound) {
@@ -45,23 +119,11 @@ StepWatchdog::StepWatchdog(std::optional<std::chrono::milliseconds> bound) : sta
   }
   if (!state_->bound) return;  // "off"
   State* s = state_.get();
-  s->thread = std::thread([s] {
-    std::unique_lock lock(s->mutex);
-    while (!s->stopping) {
-      if (!s->started) {
-        s->changed.wait(lock, [&] { return s->stopping || s->started.has_value(); });
-        continue;
-      }
-      const auto step = s->steps;
-      const auto deadline = *s->started + *s->bound;
-      if (s->changed.wait_until(lock, deadline, [&] { return s->stopping || s->steps != step || !s->started; }))
-        continue;
-      const auto bound = *s->bound;
-      lock.unlock();
-      detail::end_step_over_bound(step, "step " + std::to_string(step) + " ran longer than its bound of " +
-                                            bound_text(bound) + " (StepWatchdog, DEW_WATCHDOG)");
-    }
-  });
+  s->pace_interval = pace_interval_from_env();
+  s->sample_every = std::clamp(std::chrono::milliseconds(static_cast<long long>(s->pace_interval * 1000 / 20)),
+                               std::chrono::milliseconds(200), std::chrono::milliseconds(1000));
+  s->next_sample = Clock::now() + s->sample_every;
+  s->thread = std::thread([s] { s->run(); });
 }
 
 StepWatchdog::~StepWatchdog() {
@@ -89,6 +151,11 @@ void StepWatchdog::begin_step() {
 
 void StepWatchdog::end_step() {
   std::lock_guard lock(state_->mutex);
+  if (state_->started) {
+    ++state_->pace.steps;
+    state_->pace.step_microseconds += static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - *state_->started).count());
+  }
   state_->started.reset();
   state_->changed.notify_all();
 }

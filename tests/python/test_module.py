@@ -365,6 +365,11 @@ class DesignPageApi(unittest.TestCase):
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30,
                               env=dict(os.environ, DEW_WATCHDOG="soon"))
         self.assertIn("DEW_WATCHDOG: 'soon' is not allowed", done.stderr)
+        for bad in ("0", "1m", "-5"):
+            done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30,
+                                  env=dict(os.environ, DEW_PACE_SECONDS=bad))
+            self.assertIn(f"ValueError: DEW_PACE_SECONDS='{bad}' is not allowed; allowed: a whole number of seconds, "
+                          "1 or more (default 60)", done.stderr)
 
     def test_a_step_that_overruns_ends_the_process_naming_it(self):
         code = ("import dew, time\nw = dew.StepWatchdog(0.3)\n"

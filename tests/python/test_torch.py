@@ -161,6 +161,18 @@ class TorchDdp(unittest.TestCase):
                       "step report (outside a watched step, or not answering) while ranks 0, 2 waited for it inside a "
                       "collective", done.stderr)
 
+    def test_a_slow_rank_is_named_while_the_run_goes_on(self):
+        # Rank 1's data loader takes 0.3 s more every step, inside the
+        # watched step: its peers wait for it in DDP's all-reduce. With
+        # 3-second windows process 0 names it, and the run still ends well.
+        done, _ = run([DEW, "launch", "--processes-per-host", "4", "--", PYTHON, DDP, "--dew", "--watchdog", "60",
+                       "--slow-rank", "1", "--slow-seconds", "0.3", "--steps", "40"], env={"DEW_PACE_SECONDS": "3"})
+        self.assertEqual(done.returncode, 0, done.stderr)
+        said = re.findall(r"\[0\] rank (\d) is slow: its own work took ([0-9.]+) s a step over the last 3 s", done.stderr)
+        self.assertTrue(said, done.stderr)
+        self.assertEqual({rank for rank, _ in said}, {"1"}, done.stderr)
+        self.assertTrue(all(0.2 < float(work) < 0.5 for _, work in said), said)
+
     def test_a_stop_signal_to_one_rank_stops_every_rank_at_one_step_and_the_resumed_run_matches(self):
         # Slurm's time-limit warning (SIGUSR1) or a preemption's SIGTERM, to
         # one rank here: pool.stop_requested() is True on every rank at the
