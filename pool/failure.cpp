@@ -231,19 +231,37 @@ void Pool::State::fail(const std::string& error, int exit_code) {
   ::_exit(exit_code);
 }
 
-void Pool::State::stopped_by_signal(int signal_number) {
+void Pool::State::announce_end(const std::string& line, const std::string& message, bool error) {
   if (failing.exchange(true) || ending.load() || (client && client->failure())) return;
-  const std::string signal =
-      std::string("signal ") + std::to_string(signal_number) + " (SIG" + sigabbrev_np(signal_number) + ")";
-  log_info("stopped by " + signal + " from outside the pool: ending");
+  error ? log_error(line) : log_info(line);
   if (!client) return;
-  const std::string message =
-      kStoppedBy + signal + " from outside the pool (scancel, a time limit, a preemption or a launcher)";
-  client->publish_failure(message, timings::kStopNoticeFlush);
+  // The process lives on a while: the frame needs no wait to leave it,
+  // except from process 0, whose service must push it before it ends.
+  client->publish_failure(message, std::chrono::milliseconds(0));
   if (service) service->flush_failure(timings::kStopNoticeFlush);
 }
 
+void Pool::State::stopped_by_signal(int signal_number) {
+  const std::string signal =
+      std::string("signal ") + std::to_string(signal_number) + " (SIG" + sigabbrev_np(signal_number) + ")";
+  announce_end("stopped by " + signal + " from outside the pool: ending",
+               kStoppedBy + signal + " from outside the pool (scancel, a time limit, a preemption or a launcher)",
+               false);
+}
+
 void Pool::stopped_by_signal(int signal_number) { state_->stopped_by_signal(signal_number); }
+
+void Pool::announce_failure(const std::string& error, int exit_code) {
+  state_->announce_end("error: " + error, error, true);
+  // Peers have ended by now, and launchers wait only a moment for the
+  // process they name: the rest of its exit (a framework's teardown over
+  // connections whose peers are gone) is bounded.
+  std::thread([exit_code] {
+    std::this_thread::sleep_for(timings::kAnnouncedExitBound);
+    std::fflush(nullptr);
+    ::_exit(exit_code);
+  }).detach();
+}
 
 void note_exit_under_way() {
   if (g_exit_under_way.load()) return;

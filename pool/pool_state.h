@@ -71,8 +71,10 @@ struct Pool::State {
   [[noreturn]] void end_for_peer(const PeerFailure& failed);
   // Ends this process with its own error: one line, published, exit_code.
   [[noreturn]] void fail(const std::string& error, int exit_code);
-  // See Pool::stopped_by_signal.
+  // See Pool::stopped_by_signal and Pool::announce_failure: `line` said
+  // here (an error, or info), `message` published; the process goes on.
   void stopped_by_signal(int signal_number);
+  void announce_end(const std::string& line, const std::string& message, bool error);
   // The pool fails because `late` never came (to the join, an agreement, a
   // gather): published once (by process 0 when it waits too), every process
   // ending as their peer, naming the first.

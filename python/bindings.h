@@ -44,8 +44,12 @@ extern std::atomic<bool> g_sigterm_unwinding;
 void flush_python_buffers();
 
 // StepWatchdog's collective probe: Python's main thread in torch's waits
-// (stall_probe.cpp).
+// (stall_probe.cpp). files_in_collective (with the GIL): whether frames of
+// these files are inside a collective: torch.distributed or DDP, or
+// autograd's backward once a process group exists (DDP all-reduces the
+// gradients inside backward and waits there for every peer's).
 void install_collective_probe();
+bool files_in_collective(const std::vector<std::string>& files);
 
 // Pool.stop_requested() (stop_request.cpp): arm_stop_request() makes
 // SIGTERM and SIGUSR1 mark a stop instead of ending the script (main thread

@@ -23,6 +23,7 @@
 
 #include "bindings.h"
 #include "dew/exit_status.h"
+#include "dew/failure_timings.h"
 #include "dew/log.h"
 #include "dew/process.h"
 #include "dew/text.h"
@@ -177,6 +178,18 @@ void let_busy_threads_finish() {
   }
 }
 
+// What the program asked sys.exit() for (0 until it did): Python keeps no
+// trace of it once SystemExit has reached the top.
+std::atomic<int> g_exit_asked{0};
+int exit_status_code(const py::object& status) {
+  if (status.is_none()) return 0;
+  if (py::isinstance<py::int_>(status)) {
+    const long long value = status.cast<long long>();
+    return value < 0 ? static_cast<int>(value % 256 + 256) : static_cast<int>(value % 256);
+  }
+  return 1;  // a message: printed, and the exit code is 1
+}
+
 // The first atexit function registered, so the last to run: a main thread
 // that left by another way while the pool was ending (a SystemExit in a
 // finally:) stops here, atexit done, and libdew ends the process with the
@@ -198,6 +211,17 @@ void at_interpreter_exit() {
     // once finalization has begun and be ended there through a noexcept
     // frame: give it a moment to finish first, then make such an ending
     // not the process's failure.
+    if (const int code = g_exit_asked.load(); code != 0 && g_pool && !g_pool->ending()) {
+      // sys.exit(N), N != 0: this process's failure, said to the peers now,
+      // before its connections (torch's among them) close under them: a
+      // peer whose collective then broke was named, with its traceback. The
+      // rest of atexit and the exit go on, with the program's own code.
+      flush_python_buffers();
+      py::gil_scoped_release unlocked;
+      g_pool->announce_failure("sys.exit(" + std::to_string(code) + "): the program ended with exit code " +
+                                   std::to_string(code) + " while its pool ran",
+                               code);
+    }
     let_busy_threads_finish();
     runtime::note_exit_under_way();
     close_gate();
@@ -260,6 +284,28 @@ void fail_pool(runtime::Pool& pool, const std::string& message, int code, const 
   pool.fail(message, code);
 }
 
+// Whether the traceback passes through a collective: an error raised
+// there (gloo's "Connection closed by peer") is most often a peer's end seen
+// from here, whose own word reaches the pool a moment later.
+bool raised_inside_collective(py::handle tb) {
+  std::vector<std::string> files;
+  for (py::object at = py::reinterpret_borrow<py::object>(tb); !at.is_none(); at = at.attr("tb_next")) {
+    files.push_back(py::str(at.attr("tb_frame").attr("f_code").attr("co_filename")).cast<std::string>());
+  }
+  return files_in_collective(files);
+}
+
+// Waits (without the GIL) up to `grace` for the pool's word of a peer's
+// failure; true when it came.
+bool peer_failure_heard_within(runtime::Pool& pool, std::chrono::milliseconds grace) {
+  py::gil_scoped_release unlocked;
+  const auto until = std::chrono::steady_clock::now() + grace;
+  while (!pool.ending() && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return pool.ending();
+}
+
 void install_fast_failure(runtime::Pool& pool) {
   py::module_ sys = py::module_::import("sys");
   py::module_ threading = py::module_::import("threading");
@@ -272,7 +318,8 @@ void install_fast_failure(runtime::Pool& pool) {
     // Unwound by dew.PoolFailed, or an error that is the pool's ending seen
     // from here (a collective whose peer is gone): not this process's
     // failure, and no traceback to blame it.
-    if (PyErr_GivenExceptionMatches(type.ptr(), g_pool_failed) || g_unwind_requested.load() || raw->ending()) {
+    if (PyErr_GivenExceptionMatches(type.ptr(), g_pool_failed) || g_unwind_requested.load() || raw->ending() ||
+        (raised_inside_collective(tb) && peer_failure_heard_within(*raw, timings::kPeerNoticeGrace))) {
       finish_unwinding();
     }
     traceback.attr("print_exception")(type, value, tb);
@@ -285,6 +332,13 @@ void install_fast_failure(runtime::Pool& pool) {
     fail_pool(*raw, "uncaught exception: " + one_line(line), 1, late);
   };
   sys.attr("excepthook") = py::cpp_function(fail_with);
+  py::object exit = sys.attr("exit");
+  sys.attr("exit") = py::cpp_function(
+      [exit](py::object status) {
+        g_exit_asked = exit_status_code(status);
+        exit(status);
+      },
+      py::arg("status") = py::none());
   threading.attr("excepthook") = py::cpp_function([fail_with](py::handle args) {
     fail_with(args.attr("exc_type"), args.attr("exc_value"), args.attr("exc_traceback"));
   });

@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "bindings.h"
 
@@ -18,25 +19,16 @@ namespace {
 
 constexpr std::chrono::milliseconds kProbeWait{1000};
 
-bool in_file_of(const std::string& file, std::string_view part) { return file.find(part) != std::string::npos; }
-
-// With the GIL. A frame of torch.distributed or DDP, or of autograd's
-// backward once a process group exists (DDP all-reduces the gradients
-// inside backward and waits there for every peer's).
 bool main_thread_in_collective() {
   py::module_ sys = py::module_::import("sys");
   py::dict frames = sys.attr("_current_frames")();
   py::object main_id = py::module_::import("threading").attr("main_thread")().attr("ident");
   if (!frames.contains(main_id)) return false;
-  bool in_backward = false;
+  std::vector<std::string> files;
   for (py::object frame = frames[main_id]; !frame.is_none(); frame = frame.attr("f_back")) {
-    const auto file = py::str(frame.attr("f_code").attr("co_filename")).cast<std::string>();
-    if (in_file_of(file, "/torch/distributed/") || in_file_of(file, "/torch/nn/parallel/")) return true;
-    in_backward = in_backward || in_file_of(file, "/torch/autograd/");
+    files.push_back(py::str(frame.attr("f_code").attr("co_filename")).cast<std::string>());
   }
-  if (!in_backward) return false;
-  py::object dist = sys.attr("modules").attr("get")("torch.distributed");
-  return !dist.is_none() && py::hasattr(dist, "is_initialized") && dist.attr("is_initialized")().cast<bool>();
+  return files_in_collective(files);
 }
 
 std::optional<bool> probe_main_thread() {
@@ -67,6 +59,20 @@ std::optional<bool> probe_main_thread() {
 }
 
 }  // namespace
+
+bool files_in_collective(const std::vector<std::string>& files) {
+  const auto in_file_of = [](const std::string& file, std::string_view part) {
+    return file.find(part) != std::string::npos;
+  };
+  bool in_backward = false;
+  for (const auto& file : files) {
+    if (in_file_of(file, "/torch/distributed/") || in_file_of(file, "/torch/nn/parallel/")) return true;
+    in_backward = in_backward || in_file_of(file, "/torch/autograd/");
+  }
+  if (!in_backward) return false;
+  py::object dist = py::module_::import("sys").attr("modules").attr("get")("torch.distributed");
+  return !dist.is_none() && py::hasattr(dist, "is_initialized") && dist.attr("is_initialized")().cast<bool>();
+}
 
 void install_collective_probe() { runtime::set_collective_probe(probe_main_thread); }
 

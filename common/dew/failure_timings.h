@@ -43,10 +43,15 @@ inline constexpr std::chrono::milliseconds kSignalFramePushed = 300ms;
 // process 0's word, so the late process is named once, not every waiter.
 inline constexpr std::chrono::milliseconds kLateWordWait = 1s;
 // A process stopped from outside (SIGTERM: scancel, preemption) tells its
-// peers before it unwinds: this long for the notice to leave (and process
-// 0's service to push it). Slurm's KillWait (30 s by default) bounds the
+// peers before it unwinds: process 0 waits this long for its service to
+// push the notice (its service ends with it). Slurm's KillWait (30 s by default) bounds the
 // whole unwinding.
 inline constexpr std::chrono::milliseconds kStopNoticeFlush = 300ms;
+// A program ending with a failure of its own (Python's sys.exit(3)) says so
+// to its peers first and goes on with its exit, which this bounds: the
+// peers end at once, and a launcher waits only a moment (dew launch: half
+// its stop grace) for the process they named before stopping it.
+inline constexpr std::chrono::milliseconds kAnnouncedExitBound = 250ms;
 // A step over its StepWatchdog bound: the processes whose bounds passed
 // wait this long for each other's step reports (all begin a step at about
 // the same moment, so theirs pass together); one that has given none by

@@ -240,6 +240,14 @@ class Pool {
   // process by that signal's default action, so a launcher or Slurm's
   // plugin sees a stop, not a failure to blame.
   void stopped_by_signal(int signal_number);
+  // This process's program is ending with a failure of its own (Python's
+  // sys.exit(3)): says "error: <error>" once and publishes it, so the peers
+  // end at once naming this process, before its other connections (a
+  // framework's) close under them. Returns; the program then ends with its
+  // own exit code, which ends the process anyway (_exit) once
+  // timings::kAnnouncedExitBound has passed. Nothing said when the pool is
+  // ending already.
+  void announce_failure(const std::string& error, int exit_code);
 
   // Normal exit: tells the pool this process is done. Process 0 hosts the
   // coordination service and waits here until every other process has left.

@@ -206,6 +206,20 @@ class TorchDdp(unittest.TestCase):
                 self.assertIn(f"[0] RESUMED at step {saved.group(1)}", again.stdout)
                 self.check_against_one_process(out, 4)
 
+    def test_a_rank_ending_by_sys_exit_or_a_signal_mid_ddp_is_named_with_its_own_code(self):
+        # Its peers wait in DDP's all-reduce (gloo), not in a pool call.
+        # sys.exit(3) named rank 0 before, by the traceback of the gloo error
+        # its closed connection raised there.
+        for how, code, said in (("exit", 3, "ended with exit code 3"), ("os-exit", 3, "ended with exit code 3"),
+                                ("kill", 128 + 9, "ended with signal 9 (SIGKILL)")):
+            with self.subTest(how=how):
+                done, _ = launch(4, DDP, "--dew", "--fail-rank", "1", "--fail-step", "5", "--fail-how", how)
+                self.assertEqual(done.returncode, code, done.stderr)
+                self.assertIn(f"dew launch: rank 1 on localhost {said}", done.stderr)
+                self.assertNotIn("Traceback", done.stderr)
+                for crash in ("exception not rethrown", "fatal signal"):
+                    self.assertNotIn(crash, done.stderr)
+
     def test_the_hybrid_example_matches_one_process(self):
         one, pool = os.path.join(self.dir, "hybrid-one.json"), os.path.join(self.dir, "hybrid-pool.json")
         done, _ = run([PYTHON, HYBRID, "--out", one])

@@ -3,13 +3,15 @@ rendezvous (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the launcher),
 the gloo backend, fp64, a seeded global batch split by rank. Nothing in it
 knows Dew, except `--dew`, which adds the two lines Dew asks for on top.
 
-    torch_ddp.py [--dew] [--steps N] [--out FILE] [--fail-rank R --fail-step S] [--keep-alive]
+    torch_ddp.py [--dew] [--steps N] [--out FILE] [--fail-rank R --fail-step S [--fail-how HOW]] [--keep-alive]
                  [--watchdog SECONDS] [--stall-rank R --stall-step S] [--slow-rank R --slow-seconds T]
                  [--checkpoint DIR [--step-sleep S]]
 
 --out: rank 0 writes {"losses": [...], "world": W, "env": {...}} there.
---fail-rank/--fail-step: that rank's data loader raises at that step
-(printing "RAISING <unix time>" first); --keep-alive also starts a
+--fail-rank/--fail-step: that rank's data loader fails at that step
+(printing "RAISING <unix time>" first): by raising (--fail-how raise, the
+default), sys.exit(3) (exit), os._exit(3) (os-exit) or SIGKILL (kill);
+--keep-alive also starts a
 non-daemon thread that would keep the failing interpreter alive.
 --watchdog: each whole step (data, forward, backward, optimizer) runs under
 dew.StepWatchdog(SECONDS); --stall-rank/--stall-step: that rank's data
@@ -24,6 +26,7 @@ each rank prints "PID <pid>" first; --step-sleep slows each step.
 import argparse
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -35,6 +38,7 @@ parser.add_argument("--out")
 parser.add_argument("--fail-rank", type=int, default=-1)
 parser.add_argument("--fail-step", type=int, default=5)
 parser.add_argument("--keep-alive", action="store_true")
+parser.add_argument("--fail-how", choices=["raise", "exit", "os-exit", "kill"], default="raise")
 parser.add_argument("--watchdog", type=float)
 parser.add_argument("--stall-rank", type=int, default=-1)
 parser.add_argument("--stall-step", type=int, default=3)
@@ -80,6 +84,12 @@ def one_step(step):
         if args.keep_alive:
             threading.Thread(target=time.sleep, args=(600,)).start()
         print(f"RAISING {time.time():.3f}", flush=True)
+        if args.fail_how == "exit":
+            sys.exit(3)
+        if args.fail_how == "os-exit":
+            os._exit(3)
+        if args.fail_how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
         raise RuntimeError(f"data loader of rank {rank} failed at step {step}")
     if not args.stall_outside_step:
         stall_here(step)

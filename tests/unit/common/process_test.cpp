@@ -10,8 +10,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -120,13 +122,21 @@ TEST(ThreadState, TheLetterAfterTheNameEvenWhenTheNameHoldsParenthesesAndSpaces)
 
 TEST(ThreadState, ABusyThreadIsCountedAndASleepingOneIsNot) {
   std::atomic<bool> stop{false};
+  // Blocked until the end: never runnable (a sleeper that woke every 10 ms
+  // was caught runnable in all 50 looks on a loaded CI machine).
+  std::mutex mutex;
+  std::condition_variable stopped;
   std::thread sleeper([&] {
-    while (!stop.load()) std::this_thread::sleep_for(10ms);
+    std::unique_lock lock(mutex);
+    stopped.wait(lock, [&] { return stop.load(); });
   });
-  // The caller, busy itself, is left out; the sleeper may be caught waking
-  // (and a sanitizer's own thread working) in one look, not in all.
+  // The caller, busy itself, is left out; a sanitizer's own thread may be
+  // caught working in one look, not in all.
   int fewest = 1000;
-  for (int look = 0; look < 50; ++look) fewest = std::min(fewest, runnable_threads_besides_caller());
+  for (int look = 0; look < 50; ++look) {
+    fewest = std::min(fewest, runnable_threads_besides_caller());
+    std::this_thread::sleep_for(1ms);
+  }
   EXPECT_EQ(fewest, 0);
   std::thread spinner([&] {
     while (!stop.load()) {
@@ -134,7 +144,11 @@ TEST(ThreadState, ABusyThreadIsCountedAndASleepingOneIsNot) {
   });
   int seen = 0;
   for (int look = 0; look < 200 && seen == 0; ++look) seen = runnable_threads_besides_caller();
-  stop = true;
+  {
+    std::lock_guard lock(mutex);
+    stop = true;
+  }
+  stopped.notify_all();
   spinner.join();
   sleeper.join();
   EXPECT_EQ(seen, 1);
