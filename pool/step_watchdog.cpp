@@ -25,8 +25,6 @@ std::string bound_text(std::chrono::milliseconds bound) {
   return format_duration(std::chrono::duration_cast<std::chrono::seconds>(bound));
 }
 
-}  // namespace
-
 using Clock = std::chrono::steady_clock;
 
 // The pace window a wall-clock moment falls in (every process's clock: the
@@ -47,6 +45,8 @@ double pace_interval_from_env() {
   }
   return *seconds;
 }
+
+}  // namespace
 
 struct StepWatchdog::State {
   std::optional<std::chrono::milliseconds> bound;

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -120,16 +121,25 @@ bool Spawned::wait_for_output(const std::string& text, std::chrono::milliseconds
   return false;
 }
 
+// Drawn from 30000-32767: above Dew's own ranges (the framework's
+// 10000-19999, the pool's 20000-29999) and below Linux's ephemeral ports
+// (32768 on), which every outgoing connection of the tests running beside
+// this one takes from: a port the kernel handed out as free (port 0) was
+// once taken by such a connection before the pool's process 0 could bind it.
 std::uint16_t free_loopback_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t size = sizeof address;
-  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size);
-  close(fd);
-  return ntohs(address.sin_port);
+  thread_local std::mt19937 draw(std::random_device{}());
+  std::uniform_int_distribution<int> port(30000, 32767);
+  for (int attempt = 0; attempt < 500; ++attempt) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    address.sin_port = htons(static_cast<std::uint16_t>(port(draw)));
+    const bool free = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
+    close(fd);
+    if (free) return ntohs(address.sin_port);
+  }
+  return 0;
 }
 
 std::vector<int> processes_with(const std::string& program, const std::set<std::string>& variables) {
