@@ -11,6 +11,7 @@
 #include "dew/log.h"
 #include "dew/text.h"
 #include "munge_auth.h"
+#include "pool_munge.h"
 #include "pool_state.h"
 #include "wait_reporter.h"
 
@@ -76,16 +77,6 @@ std::string bootstrap_over_pmix(Pool::State& state, std::string secret) {
   return zero.substr(second + 1);
 }
 
-// A pool under plain srun without DEW_POOL_SECRET: MUNGE stands for it
-// (munge_auth.h), bound to the step. Empty when it cannot.
-std::string munge_context(const Pool::State& state) {
-  if (state.identity.source != PoolSource::kSlurm) return "";
-  const char* job = std::getenv("SLURM_JOB_ID");
-  const char* step = std::getenv("SLURM_STEP_ID");
-  if (!job || !step) return "";
-  return std::string("slurm step ") + job + "." + step;
-}
-
 // Without PMIx: the coordinator's address and the secret come from the
 // environment; process 0 listens at the address's port.
 void check_tcp_pool(const Pool::State& state, const std::string& secret) {
@@ -101,30 +92,6 @@ void check_tcp_pool(const Pool::State& state, const std::string& secret) {
         "(srun --dew-pool and dew launch set it; plain srun uses MUNGE instead; elsewhere export the same "
         "DEW_POOL_SECRET, e.g. $(openssl rand -hex 32), to every process)"));
   }
-}
-
-// Plain srun, no secret: every process needs munged (process 0 seals with
-// it, the others open with it). Checked at once on every process, so a
-// cluster without munged says so everywhere before anyone waits (the others
-// retried connecting to a process 0 that had failed for 300 s).
-void require_munge(const munge_auth::Where& where, const std::string& context) {
-  auto probe = munge_auth::seal(where, context, "probe");
-  if (!probe.ok()) {
-    throw PoolError(Error{probe.error().code, "DEW_POOL_SECRET is not set and " + probe.error().message +
-                                                  ": run munged (MUNGE), use srun --dew-pool, or export the same "
-                                                  "DEW_POOL_SECRET (64 hex digits) to every process"});
-  }
-}
-
-// Process 0 draws the secret and seals it with MUNGE in every challenge; the
-// others open it.
-std::function<Result<std::string>()> seal_with_munge(const Pool::State& state, std::string& secret) {
-  auto fresh = random_hex(32);
-  if (!fresh.ok()) throw PoolError(fresh.error());
-  secret = fresh.value();
-  const auto where = munge_auth::where_from_env();
-  const std::string context = munge_context(state);
-  return [where, context, secret] { return munge_auth::seal(where, context, secret); };
 }
 
 void connect_client(Pool::State& state, const std::string& secret, Clock::time_point deadline,

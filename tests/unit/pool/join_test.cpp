@@ -98,44 +98,47 @@ TEST(Join, NothingListeningEndsAtTheTimeoutSayingWhatWasTried) {
                                      " within 1 s (DEW_JOIN_TIMEOUT_SECONDS): connecting: Connection refused"));
 }
 
-TEST(Join, AProcessZeroStoppedBeforeTheOthersJoinedIsNotWaitedForBeyondTheTimeout) {
-  // Only rank 0 of the three is wanted here. The others are pointed at a
-  // port where nothing listens, so they never reach rank 0's service, however
-  // late the kill below lands (a rank that connected and was then killed
-  // would end the pool as a failed process).
+// A pool of three whose rank 0 alone is wanted, stopped (SIGSTOP) once it
+// listens. The others are pointed at a port where nothing listens, so they
+// never reach rank 0's service, however late the kill lands (a rank that
+// connected and was then killed would end the pool as a failed process).
+struct StoppedProcessZero {
+  StoppedProcessZero() {
+    zero_alone.ranks[1]->signal(SIGKILL);
+    zero_alone.ranks[2]->signal(SIGKILL);
+    listening = zero_alone.ranks[0]->wait_for_output("listens on port", 20s);
+    zero_alone.ranks[0]->signal(SIGSTOP);
+  }
+  ~StoppedProcessZero() { zero_alone.ranks[0]->signal(SIGKILL); }
   const std::map<std::string, std::string> elsewhere = {{"DEW_COORDINATOR_ADDRESS", "127.0.0.1:1"}};
-  LocalPool zero_alone(3, {"join"}, {{"DEW_LOG_LEVEL", "debug"}}, {{1, elsewhere}, {2, elsewhere}});
-  zero_alone.ranks[1]->signal(SIGKILL);
-  zero_alone.ranks[2]->signal(SIGKILL);
-  ASSERT_TRUE(zero_alone.ranks[0]->wait_for_output("listens on port", 20s)) << zero_alone.describe();
-  zero_alone.ranks[0]->signal(SIGSTOP);
-  auto rank = joiner(1, 3, zero_alone.port, "2");
+  LocalPool zero_alone{3, {"join"}, {{"DEW_LOG_LEVEL", "debug"}}, {{1, elsewhere}, {2, elsewhere}}};
+  bool listening = false;
+};
+
+TEST(Join, AProcessZeroStoppedBeforeTheOthersJoinedIsNotWaitedForBeyondTheTimeout) {
+  StoppedProcessZero zero;
+  ASSERT_TRUE(zero.listening) << zero.zero_alone.describe();
+  auto rank = joiner(1, 3, zero.zero_alone.port, "2");
   EXPECT_EQ(rank->wait(20s), dew::kJoinFailedExitCode) << rank->err();
   EXPECT_LT(rank->seconds(), 5.0);
   EXPECT_THAT(rank->err(), HasSubstr("did not end within 2 s (DEW_JOIN_TIMEOUT_SECONDS): heard nothing (a silent "
                                      "listener on that port, or process 0 is stopped)"));
-  zero_alone.ranks[0]->signal(SIGKILL);
 }
 
 // The same stop with the join's default 300 s: a service that accepted the
 // connection and then says nothing for the heartbeat timeout is named at
 // once, not waited for until the join's timeout (it was, 6 of 6).
 TEST(Join, AProcessZeroStoppedBeforeTheOthersJoinedIsNamedWithinTheHeartbeatTimeout) {
-  const std::map<std::string, std::string> elsewhere = {{"DEW_COORDINATOR_ADDRESS", "127.0.0.1:1"}};
-  LocalPool zero_alone(3, {"join"}, {{"DEW_LOG_LEVEL", "debug"}}, {{1, elsewhere}, {2, elsewhere}});
-  zero_alone.ranks[1]->signal(SIGKILL);
-  zero_alone.ranks[2]->signal(SIGKILL);
-  ASSERT_TRUE(zero_alone.ranks[0]->wait_for_output("listens on port", 20s)) << zero_alone.describe();
-  zero_alone.ranks[0]->signal(SIGSTOP);
-  auto rank = joiner(1, 3, zero_alone.port, "300", {{"DEW_HEARTBEAT_TIMEOUT_SECONDS", "2"}});
+  StoppedProcessZero zero;
+  ASSERT_TRUE(zero.listening) << zero.zero_alone.describe();
+  auto rank = joiner(1, 3, zero.zero_alone.port, "300", {{"DEW_HEARTBEAT_TIMEOUT_SECONDS", "2"}});
   EXPECT_EQ(rank->wait(20s), dew::kJoinFailedExitCode) << rank->err();
   EXPECT_LT(rank->seconds(), 5.0);
   EXPECT_THAT(rank->err(), HasSubstr("[1] error: cannot join the pool: process 0 stopped answering during the join: "
                                      "the coordination service at 127.0.0.1:" +
-                                     std::to_string(zero_alone.port) +
+                                     std::to_string(zero.zero_alone.port) +
                                      " accepted the connection, then said nothing for 2 s "
                                      "(DEW_HEARTBEAT_TIMEOUT_SECONDS; process 0 stopped or frozen); heard nothing"));
-  zero_alone.ranks[0]->signal(SIGKILL);
 }
 
 TEST(Join, AProcessZeroStoppedDuringTheJoinsAgreementEndsItsPeersAtTheTimeout) {
