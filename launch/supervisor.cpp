@@ -26,6 +26,10 @@ using Clock = std::chrono::steady_clock;
 constexpr auto kDrain = 1s;
 // How long a pool's "a peer failed" exit waits for the failure it reports.
 constexpr auto kSettle = 200ms;
+// After a process's own failure, how long the others have to end by
+// themselves before they are signalled: in a pool they learn of it at once
+// and end saying which process failed and why, a line SIGTERM would cut.
+constexpr auto kPeersEndOnTheirOwn = 500ms;
 
 void close_fd(int& fd) {
   if (fd >= 0) ::close(fd);
@@ -221,6 +225,11 @@ void Supervisor::reap() {
     report_blamed(picked);
   } else {
     report(picked);
+    const auto others_until = Clock::now() + kPeersEndOnTheirOwn;
+    while (any_alive() && Clock::now() < others_until) {
+      std::this_thread::sleep_for(10ms);
+      collect();
+    }
   }
   stop();
 }

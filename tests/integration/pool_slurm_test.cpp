@@ -72,11 +72,18 @@ std::vector<std::string> plugin_lines(const std::string& err) {
 // With libdew, the failing rank publishes its error and the peers end with
 // 75 at once, often before the failing rank's own exit reaches its
 // slurmstepd: the plugin still names the failing rank, once for the step.
+// The step ends within seconds; on a loaded machine (CI, Slurm 24.11 beside
+// the sanitizer stages), one run in 8 now and then has srun wait a further
+// 10 s (Slurm's MessageTimeout) after every task's exit was printed: one
+// such run is allowed, two are a regression.
 TEST(SlurmPool, ThePluginNamesTheFailingRankNeverAPeerThatEndedWith75) {
+  int slow_runs = 0;
   for (int run = 0; run < 8; ++run) {
     SCOPED_TRACE("run " + std::to_string(run));
     const auto r = cluster().srun({"--dew-pool", "-N2", "--ntasks-per-node=2", worker(), "fail", "1", "3"}, {}, 60s);
-    EXPECT_LT(r.seconds, 5.0) << r.err;
+    EXPECT_LT(r.seconds, 15.0) << r.err;
+    if (r.seconds >= 5.0) ++slow_runs;
+    EXPECT_LE(slow_runs, 1) << "a second run of 8 over 5 s: " << r.err;
     const auto lines = plugin_lines(r.err);
     ASSERT_EQ(lines.size(), 1u) << r.err;
     EXPECT_THAT(lines[0], ::testing::StartsWith("dew: rank 1 ended with exit code 3; ending step")) << r.err;

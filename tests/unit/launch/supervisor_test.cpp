@@ -102,6 +102,17 @@ TEST(Supervisor, TheFirstFailureStopsTheOthersAndIsTheExitCode) {
   EXPECT_EQ(r.err.find("dew launch: rank 0"), std::string::npos) << "only the failure is named: " << r.err;
 }
 
+// CI under ASan: process 0 of a pool failed and the launcher stopped the
+// others at once, cutting the "ending: process 0 failed: ..." lines they were
+// about to print. The others have a moment to end by themselves first.
+TEST(Supervisor, TheOthersMayEndByThemselvesBeforeTheyAreStopped) {
+  auto r = supervise({"exit 1", "sleep 0.2; echo 'ending: process 0 failed' >&2; exit 75", "sleep 60"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("[1] ending: process 0 failed\n"));
+  EXPECT_THAT(r.err, HasSubstr("dew launch: rank 0 on localhost ended with exit code 1; stopping the other processes"));
+  EXPECT_LT(r.seconds, 5.0) << "the one that did not end was stopped";
+}
+
 TEST(Supervisor, ASignalIsNamedAndIs128PlusIt) {
   auto r = supervise({"sleep 60", "kill -9 $$"});
   EXPECT_EQ(r.exit_code, 128 + 9) << r.err;
