@@ -13,6 +13,19 @@ std::string to_hex(std::span<const unsigned char> bytes) {
   return text;
 }
 
+std::optional<std::string> from_hex(std::string_view text) {
+  if (text.size() % 2 != 0) return std::nullopt;
+  std::string bytes(text.size() / 2, '\0');
+  std::size_t length = 0;
+  const char* end = nullptr;
+  if (sodium_hex2bin(reinterpret_cast<unsigned char*>(bytes.data()), bytes.size(), text.data(), text.size(), nullptr,
+                     &length, &end) != 0 ||
+      length != bytes.size() || end != text.data() + text.size()) {
+    return std::nullopt;
+  }
+  return bytes;
+}
+
 Result<std::string> random_hex(std::size_t bytes) {
   if (sodium_init() < 0) return system_error("libsodium could not start: no entropy source");
   std::vector<unsigned char> buffer(bytes);

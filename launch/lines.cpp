@@ -75,10 +75,12 @@ std::size_t pick_failure(const std::vector<std::pair<int, int>>& failures) {
 }
 
 std::optional<PeerBlame> peer_blame(std::string_view line) {
-  // The plugin's line ("slurmstepd-n1: error: dew: rank 1 ended with exit
-  // code 3; ending step ..."): its rank failed on its own.
+  // The plugin's line, said by srun for the step ("srun: error: dew: rank 1
+  // ended with exit code 3; ending step ...") or by a node srun did not
+  // answer ("slurmstepd-n1: error: dew: rank 1 ..."): its rank failed on its own.
   constexpr std::string_view kPlugin = "error: dew: rank ";
-  if (const auto plugin = line.find(kPlugin); plugin != std::string_view::npos && line.substr(0, 11) == "slurmstepd-") {
+  if (const auto plugin = line.find(kPlugin);
+      plugin != std::string_view::npos && (line.starts_with("slurmstepd-") || line.starts_with("srun: "))) {
     const auto from = plugin + kPlugin.size();
     const auto digits = line.find_first_not_of("0123456789", from);
     const auto rank =

@@ -24,8 +24,11 @@ using Clock = std::chrono::steady_clock;
 // After the last process has ended, output still in flight (from children
 // it left behind holding its pipes) is read for at most this long.
 constexpr auto kDrain = 1s;
-// How long a pool's "a peer failed" exit waits for the failure it reports.
-constexpr auto kSettle = 200ms;
+// How long a pool's "a peer failed" exit waits for the failure it reports:
+// a process that said its failure to the pool exits within 250 ms
+// (kAnnouncedExitBound), its peers a moment after the word; 200 ms named
+// it by its peers' word, not its own exit code, on a loaded machine.
+constexpr auto kSettle = 500ms;
 // After a process's own failure, how long the others have to end by
 // themselves before they are signalled: in a pool they learn of it at once
 // and end saying which process failed and why, a line SIGTERM would cut.
@@ -79,6 +82,8 @@ int Supervisor::run() {
     if (drain_until && (open_streams() == 0 || Clock::now() >= *drain_until)) break;
     if (awaited_stop_at_ && Clock::now() >= *awaited_stop_at_) {
       awaited_stop_at_.reset();
+      if (awaited_line_) log_error(*awaited_line_);  // it did not end by itself
+      awaited_line_.reset();
       for (auto& p : processes_) {
         if (!p->alive || p->rank != *awaited_) continue;
         kill(-p->io.pid, SIGTERM);
@@ -111,6 +116,7 @@ int Supervisor::run() {
     }
     if ((fds[0].revents & POLLIN) != 0) handle_signals();
   }
+  if (awaited_line_) log_error(*awaited_line_);
   for (auto& p : processes_) {
     for (int* fd : {&p->io.out, &p->io.err, &p->io.in}) close_fd(*fd);
   }
@@ -197,7 +203,10 @@ std::vector<Running*> Supervisor::collect() {
       // The blamed process ending as a peer (75, its own failure published
       // before it froze) or with 0 (it left while the others waited) still
       // failed.
-      if (awaited_ && p->rank == *awaited_) exit_code_ = blamed_exit_code(status);
+      if (awaited_ && p->rank == *awaited_) {
+        exit_code_ = blamed_exit_code(status);
+        say_awaited_end(*p);
+      }
       // Whatever else its group still runs goes with it.
       kill(-pid, stopping_ ? SIGKILL : 0);
       if (!stopping_ && status != 0) failed.push_back(p.get());
@@ -248,14 +257,32 @@ void Supervisor::report_blamed(const Running& peer) {
     return;
   }
   const Running& culprit = **named;
-  log_error("rank " + std::to_string(culprit.rank) + " on " + culprit.host + " failed: its peers ended because " +
-            blame_->why + "; stopping the other processes");
+  const std::string line = "rank " + std::to_string(culprit.rank) + " on " + culprit.host +
+                           " failed: its peers ended because " + blame_->why + "; stopping the other processes";
   if (culprit.alive) {
+    // Usually a moment from its own exit (a process that said its failure
+    // to the pool exits within 250 ms): that is said when it comes.
     awaited_ = culprit.rank;
+    awaited_line_ = line;
     exit_code_ = 1;  // until it ends
   } else {
+    log_error(line);
     exit_code_ = blamed_exit_code(culprit.status);
   }
+}
+
+// The awaited process has ended: by itself with a failure of its own, its
+// own exit is the line; otherwise (it left with 0 or 75, or was stopped)
+// its peers' word.
+void Supervisor::say_awaited_end(const Running& p) {
+  if (!awaited_line_) return;
+  if (!signalled_ && is_bad_exit(p.status) && !is_peer_failure(p.status)) {
+    log_error("rank " + std::to_string(p.rank) + " on " + p.host + " ended with " + describe_wait_status(p.status) +
+              "; stopping the other processes");
+  } else {
+    log_error(*awaited_line_);
+  }
+  awaited_line_.reset();
 }
 
 int Supervisor::srun_exit_code() const {

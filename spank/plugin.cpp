@@ -6,13 +6,16 @@
 //   slurm_spank_init             srun, sbatch/salloc, slurmstepd: read plugstack.conf args, register options
 //   option callbacks             srun/sbatch (validate), slurmstepd (the values srun carried)
 //   slurm_spank_init_post_opt    srun, sbatch/salloc: refuse a Dew step if plugstack.conf is bad, check the
-//                                options against each other; srun: draw the step's pool secret;
+//                                options against each other; srun: draw the step's pool secret, listen
+//                                for the nodes' failure notices;
 //                                slurmstepd: log a bad plugstack.conf, once per node and step
 //   slurm_spank_task_init        slurmstepd, per task, before exec: refuse a Dew step if plugstack.conf is bad;
 //                                the task's environment
-//   slurm_spank_task_exit        slurmstepd, per task: kill-on-bad-exit
-//   slurm_spank_local_user_init  srun, once the step exists: process 0's node address; srun's watch starts
-//   slurm_spank_exit             slurmstepd: the step ender's thread stops; srun: its watch stops
+//   slurm_spank_task_exit        slurmstepd, per task: kill-on-bad-exit; the node's failure notice to srun
+//   slurm_spank_local_user_init  srun, once the step exists: process 0's node address; srun's watch and
+//                                its listener for the nodes' failure notices start
+//   slurm_spank_exit             slurmstepd: the step ender's thread stops; srun: the step's verdict is
+//                                said, its watch stops
 #include <unistd.h>
 
 #include <chrono>
@@ -36,23 +39,19 @@ extern const unsigned int plugin_version = SLURM_VERSION_NUMBER;
 extern const unsigned int spank_plugin_version = 0;
 }
 
-#include "dew/hex.h"
 #include "dew/slurm_step.h"
+#include "dew/text.h"
 #include "node_lookup.h"
 #include "pool_plan.h"
+#include "srun_side.h"
 #include "srun_watch.h"
 #include "step_end.h"
+#include "step_verdict.h"
+#include "verdict_channel.h"
 
 namespace dew::spank {
 namespace {
 
-// The step's secret travels from srun to the tasks in a SLURM_* variable:
-// srun 22.05 passes those even with --export=NONE (SPANK_* it drops).
-constexpr const char* kSecretCarrier = "SLURM_DEW_POOL_SECRET";
-// srun's word on process 0's node, "NODE=ADDRESS", when its name does not
-// resolve where srun runs: that node's NodeAddr, from Slurm.
-constexpr const char* kRank0AddressCarrier = "SLURM_DEW_RANK0_NODE_ADDR";
-constexpr std::size_t kSecretBytes = 32;
 // Steps Slurm runs for itself (batch script, extern, interactive): never pools.
 constexpr std::uint32_t kFirstSpecialStep = 0xfffffff0u;
 constexpr std::chrono::microseconds kLinePause{100000};
@@ -70,6 +69,8 @@ StepEnder g_step_ender;
 // Per srun of a pool step: ends srun when Slurm has ended the step but
 // some tasks' exits never reached srun (srun_watch.h).
 SrunWatcher g_srun_watcher;
+// Per srun of a pool step: the nodes' failure notices, named once.
+VerdictListener g_verdict_listener;
 
 void report(const Error& error) { slurm_error("dew: %s", error.message.c_str()); }
 
@@ -296,6 +297,7 @@ int task_init(spank_t sp) {
   spank_unsetenv(sp, kSecretCarrier);  // never left in a task: it reads DEW_POOL_SECRET
   auto rank0_address = task_getenv(sp, kRank0AddressCarrier);
   spank_unsetenv(sp, kRank0AddressCarrier);
+  spank_unsetenv(sp, kVerdictPortCarrier);  // slurmstepd's, not the task's
   // Defence in depth: srun read a good plugstack.conf, this node a bad one.
   int local_task = 0;
   const bool first_task = get_item(sp, S_TASK_ID, local_task) && local_task == 0;
@@ -323,6 +325,24 @@ int task_init(spank_t sp) {
   return 0;
 }
 
+// This node's failure notice to srun (step_verdict.h); false when srun gave
+// no port or did not take it.
+bool tell_srun(spank_t sp, std::uint32_t rank, std::uint32_t job, std::uint32_t step, const std::string& line) {
+  const auto host = task_getenv(sp, "SLURM_SRUN_COMM_HOST");
+  const auto port = task_getenv(sp, kVerdictPortCarrier);
+  const auto secret = task_getenv(sp, kSecretCarrier);
+  const auto port_number = port ? parse_whole<std::uint16_t>(*port) : std::nullopt;
+  if (!host || !port_number || !secret) return false;
+  FailureNotice notice;
+  notice.rank = rank;
+  notice.ended_at_us =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
+  notice.node = task_getenv(sp, "SLURMD_NODENAME").value_or("?");
+  notice.line = line;
+  return send_failure_notice(*host, *port_number, encode_failure_notice(notice, job, step, *secret), kNoticeBound);
+}
+
 int task_exit(spank_t sp) {
   // (A bad plugstack.conf: a pool step's tasks were refused before exec.)
   if (!g_options.pool || special_step(sp) || g_config_error) return 0;
@@ -348,50 +368,22 @@ int task_exit(spank_t sp) {
     case TaskEnd::kFailed:
       break;
   }
-  // One line and one end of the step per node: the first failure here.
+  // One notice and one end of the step per node: the first failure here.
+  // srun names the step's first failure over every node; a node srun does
+  // not answer names its own.
   if (g_step_ending) return 0;
   g_step_ending = true;
-  slurm_error("dew: %s", end.line.c_str());
-  // Give slurmstepd's I/O thread a moment to forward the line to srun
-  // before the end of the step tears its I/O down: without the pause 4 lines
-  // in 10 were lost here; with 100 ms none in 30, for 0.1 s more to end a step.
-  usleep(kLinePause.count());
+  if (tell_srun(sp, rank, job, step, end.line)) {
+    slurm_info("dew: %s (said to srun)", end.line.c_str());
+  } else {
+    slurm_error("dew: %s", end.line.c_str());
+    // Give slurmstepd's I/O thread a moment to forward the line to srun
+    // before the end of the step tears its I/O down: without the pause 4
+    // lines in 10 were lost here; with 100 ms none in 30.
+    usleep(kLinePause.count());
+  }
   g_step_ender.end_now(job, step);
   return 0;
-}
-
-// ------------------------------------------------------------ srun side ---
-
-// Process 0's node as the other nodes reach it: its name where that resolves
-// (here, where srun runs), else its NodeAddr, asked of Slurm by srun (a
-// client, where Slurm's API is safe: inside slurmstepd 24.11 the RPC's
-// lock is held and the step dies). Carried to the tasks in the environment.
-int look_up_rank0_node() {
-  const char* nodelist = std::getenv("SLURM_NODELIST");
-  const char* distribution = std::getenv("SLURM_DISTRIBUTION");
-  auto node = rank0_node(nodelist ? std::optional<std::string>(nodelist) : std::nullopt,
-                         distribution ? std::optional<std::string>(distribution) : std::nullopt);
-  if (!node.ok()) return 0;  // each task names the problem
-  const NodeLookup lookup = look_up_node(node.value());
-  if (lookup.name_resolves) return 0;
-  if (!lookup.node_address) {
-    slurm_info("dew: process 0's node %s does not resolve here and has no NodeAddr: %s", node.value().c_str(),
-               lookup.why_none.c_str());
-  } else {
-    // Which address the pool meets at, said once per step where it is not
-    // the node's name (--dew-coordinator gives another).
-    slurm_info("dew: process 0's node %s does not resolve here: the pool's coordinator is its NodeAddr %s",
-               node.value().c_str(), lookup.node_address->c_str());
-  }
-  const std::string carried = node.value() + "=" + lookup.node_address.value_or("");
-  return setenv(kRank0AddressCarrier, carried.c_str(), 1) == 0 ? 0 : -1;
-}
-
-int draw_pool_secret() {
-  auto secret = random_hex(kSecretBytes);
-  if (!secret.ok()) return report(secret.error().prefixed("cannot draw the pool secret: ")), -1;
-  // Tasks inherit srun's environment at launch; SLURM_* survives --export=NONE.
-  return setenv(kSecretCarrier, secret.value().c_str(), 1) == 0 ? 0 : -1;
 }
 
 }  // namespace
@@ -439,7 +431,9 @@ int slurm_spank_init_post_opt(spank_t sp, int, char**) {
     if (!checked.ok()) return report(checked.error()), -1;
     // Drawn here, not in local_user_init: with --export=NONE srun has taken
     // its copy of the environment for the tasks by then.
-    return context == S_CTX_LOCAL && g_options.pool ? draw_pool_secret() : 0;
+    if (context != S_CTX_LOCAL || !g_options.pool) return 0;
+    if (draw_pool_secret() != 0) return -1;
+    return g_options.kill_on_bad_exit.value_or(g_config.kill_on_bad_exit) ? listen_for_notices(g_verdict_listener) : 0;
   });
 }
 
@@ -448,13 +442,16 @@ int slurm_spank_init_post_opt(spank_t sp, int, char**) {
 int slurm_spank_local_user_init(spank_t sp, int, char**) {
   return guarded("local_user_init", [&] {
     if (spank_context() != S_CTX_LOCAL || !g_options.pool) return 0;
-    // A step that forms no pool has nothing to look up, say or watch.
+    std::uint32_t job = 0, step = 0;
+    if (!get_item(sp, S_JOB_ID, job) || !get_item(sp, S_JOB_STEPID, step)) return 0;
+    // Every node that ends a pool step tells srun, one task or many.
+    if (const char* secret = std::getenv(kSecretCarrier)) g_verdict_listener.start(job, step, secret);
+    // A step that forms no pool has nothing to look up or watch.
     std::uint32_t tasks = 0;
     if (spank_get_item(sp, S_JOB_TOTAL_TASK_COUNT, &tasks) == ESPANK_SUCCESS && !forms_pool(tasks, g_options)) {
       return 0;
     }
-    std::uint32_t job = 0, step = 0;
-    if (get_item(sp, S_JOB_ID, job) && get_item(sp, S_JOB_STEPID, step)) g_srun_watcher.start(job, step);
+    g_srun_watcher.start(job, step);
     return g_options.coordinator ? 0 : look_up_rank0_node();
   });
 }
@@ -472,7 +469,10 @@ int slurm_spank_task_exit(spank_t sp, int, char**) {
 int slurm_spank_exit(spank_t, int, char**) {
   return guarded("exit", [&] {
     if (spank_context() == S_CTX_REMOTE) g_step_ender.stop();
-    if (spank_context() == S_CTX_LOCAL) g_srun_watcher.stop();
+    if (spank_context() == S_CTX_LOCAL) {
+      g_verdict_listener.stop();
+      g_srun_watcher.stop();
+    }
     return 0;
   });
 }

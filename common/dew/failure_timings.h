@@ -80,6 +80,14 @@ inline constexpr std::chrono::milliseconds kStepKillGrace = 2s;
 // frozen or lost rank).
 inline constexpr std::chrono::milliseconds kPeerGrace = 1s;
 
+// srun's plugin names a pool step's failure once for every node: after the
+// first node's notice of a failed rank it waits this long for other nodes'
+// notices, then names the earliest (by each node's clock).
+inline constexpr std::chrono::milliseconds kVerdictSettle = 300ms;
+// A node's slurmstepd waits this long for srun to take its notice before it
+// names the failure itself (srun gone, or unreachable from the node).
+inline constexpr std::chrono::milliseconds kNoticeBound = 500ms;
+
 // srun's plugin asks slurmctld this often whether the step it waits for
 // still exists: a node whose link was down when its tasks ended never sends
 // srun their exits, and srun would wait for ever for a step Slurm has ended.

@@ -5,8 +5,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "dew/result.h"
 
@@ -14,6 +16,9 @@ namespace dew {
 
 // Two lowercase hex digits per byte.
 std::string to_hex(std::span<const unsigned char> bytes);
+// The bytes of hex text (either case); nullopt for an odd length or a byte
+// that is not a hex digit.
+std::optional<std::string> from_hex(std::string_view text);
 
 // `bytes` random bytes as 2 x bytes hex digits (32 bytes: a pool secret).
 // kSystem when libsodium cannot start (no entropy source).

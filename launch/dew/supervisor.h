@@ -60,6 +60,7 @@ class Supervisor {
   void signal_all(int signo, std::optional<int> sparing = std::nullopt);
   void note_line(const Running& p, const std::string& line);
   void report_blamed(const Running& peer);
+  void say_awaited_end(const Running& p);
   int srun_exit_code() const;
 
   std::chrono::milliseconds grace_;
@@ -73,6 +74,9 @@ class Supervisor {
   // When the awaited rank is stopped too: it is given a moment to end on its
   // own (one that left the pool ends with its own code once its peers are gone).
   std::optional<std::chrono::steady_clock::time_point> awaited_stop_at_;
+  // The peers' word of it, said only if it does not end by itself first
+  // (then its own exit code is said): one line, named once.
+  std::optional<std::string> awaited_line_;
   std::vector<SrunTaskEnd> srun_ends_;
 };
 

@@ -28,6 +28,7 @@
 #include "dew/text.h"
 #include "fuzz_check.h"
 #include "pool_plan.h"
+#include "step_verdict.h"
 
 namespace dew::spank {
 namespace {
@@ -762,6 +763,41 @@ void fuzz_misc(Bytes& bytes) {
   }
 }
 
+// ------------------------------------------ failure notices (srun) ---
+
+constexpr std::string_view kNoticeSecret = "fuzz-secret";
+
+// srun reads a notice from the network: refused with one line, or read
+// back to the same notice; a notice made from any text reads back as one
+// line each; the verdict over any notices names one of them once.
+void fuzz_failure_notice(Bytes& bytes) {
+  const std::uint32_t job = bytes.u32() % 1000, step = bytes.u32() % 4;
+  const std::string_view text = bytes.text();
+  auto read = decode_failure_notice(text, job, step, kNoticeSecret);
+  if (!read.ok()) {
+    FUZZ_CHECK(read.error().message.starts_with("failure notice refused: "));
+    FUZZ_CHECK(read.error().message.find('\n') == std::string::npos);
+  } else {
+    FUZZ_CHECK(read.value().line.find('\n') == std::string::npos);
+    const auto again = encode_failure_notice(read.value(), job, step, kNoticeSecret);
+    FUZZ_CHECK(decode_failure_notice(again, job, step, kNoticeSecret).value().line == read.value().line);
+  }
+  const auto cut = text.find('\0');
+  FailureNotice made{job, static_cast<std::int64_t>(text.size()) - 100, std::string(text.substr(0, cut)),
+                     std::string(cut == std::string_view::npos ? "" : text.substr(cut + 1))};
+  const auto encoded = encode_failure_notice(made, job, step, kNoticeSecret);
+  FUZZ_CHECK(encoded.size() <= kFailureNoticeMaxBytes && encoded.find('\n') == encoded.size() - 1);
+  auto back = decode_failure_notice(encoded, job, step, kNoticeSecret);
+  FUZZ_CHECK(back.ok() && back.value().rank == made.rank && back.value().ended_at_us == made.ended_at_us);
+  FUZZ_CHECK(back.value().line.find('\n') == std::string::npos && back.value().node.find('\n') == std::string::npos);
+  FUZZ_CHECK(!decode_failure_notice(encoded, job, step + 1, kNoticeSecret).ok());
+  StepVerdict verdict;
+  verdict.add(back.value());
+  if (read.ok()) verdict.add(read.value());
+  const auto lines = verdict.say();
+  FUZZ_CHECK(lines && lines->after.size() == (read.ok() ? 1u : 0u) && !verdict.say());
+}
+
 // All the one-string parsers on the same text.
 void fuzz_all_text(std::string_view text) {
   fuzz_devices_per_process(text, text);
@@ -776,7 +812,7 @@ void fuzz_all_text(std::string_view text) {
 }
 
 // The selector letters the seed corpus uses; other bytes: by value modulo.
-constexpr std::string_view kModes = "adprwychngbxtso*";
+constexpr std::string_view kModes = "adprwychngbxtsov*";
 
 }  // namespace
 }  // namespace dew::spank
@@ -834,6 +870,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       break;
     case 'o':
       fuzz_pool_options(bytes);
+      break;
+    case 'v':
+      fuzz_failure_notice(bytes);
       break;
     default:
       fuzz_all_text(text);

@@ -60,11 +60,14 @@ TEST(SlurmPool, ARankThatThrowsEndsTheStepWithItsErrorPrintedOnce) {
   }
 }
 
-// The plugin's lines in srun's stderr ("dew: rank N ended with ...").
+// The plugin's lines in srun's stderr ("dew: rank N ended with ..."): said
+// by srun for the step, or by a node that srun did not answer.
 std::vector<std::string> plugin_lines(const std::string& err) {
   std::vector<std::string> lines;
-  for (const auto& line : lines_starting_with(err, "slurmstepd-")) {
-    if (line.find("dew: rank ") != std::string::npos) lines.push_back(line.substr(line.find("dew: rank ")));
+  for (const char* from : {"srun: error: ", "slurmstepd-"}) {
+    for (const auto& line : lines_starting_with(err, from)) {
+      if (line.find("dew: rank ") != std::string::npos) lines.push_back(line.substr(line.find("dew: rank ")));
+    }
   }
   return lines;
 }

@@ -166,6 +166,30 @@ TEST(PythonSlurm, ATorchRankRaisingAtStep5EndsTheStepWithinASecondNamedOnce) {
   EXPECT_EQ(occurrences(r.err, "dew: rank 2 ended with exit code 1"), 1) << describe(r);
 }
 
+// A DDP script without Dew's module (its ranks do not form a pool, so its
+// peers do not end 75): rank 2 fails and the others, their Gloo pairs
+// broken, fail a moment later, on both nodes. Each node's slurmstepd named
+// the first failure it saw, so the step got two verdicts (rank 2 and rank 1
+// in 6 of 15 runs); srun now names the earliest of the nodes' notices once,
+// however rank 2 ends.
+TEST(PythonSlurm, AnUnmodifiedDdpScriptsFailureIsNamedOnceForTheStepWhateverNodeSawIt) {
+  if (!have_torch()) GTEST_SKIP() << "python3-torch is not installed (scripts/install-deps installs it)";
+  const std::vector<std::pair<std::string, std::string>> endings = {
+      {"raise", "exit code 1"}, {"exit", "exit code 3"}, {"kill", "signal 9 (SIGKILL)"}};
+  for (int run = 0; run < 2; ++run) {
+    for (const auto& [how, status] : endings) {
+      SCOPED_TRACE(how + ", run " + std::to_string(run));
+      auto r = cluster().srun(
+          {"--dew-pool", "-N2", "--ntasks-per-node=2", "/usr/bin/python3", source("tests/python/torch_ddp.py"),
+           "--fail-rank", "2", "--fail-step", "3", "--fail-how", how},
+          {}, 120s);
+      EXPECT_NE(r.exit_code, 0) << describe(r);
+      EXPECT_EQ(occurrences(r.err, "dew: rank "), 1) << describe(r);
+      EXPECT_THAT(r.err, HasSubstr("dew: rank 2 ended with " + status)) << describe(r);
+    }
+  }
+}
+
 // PyTorch's own Slurm recipe, `srun torchrun --nnodes N --rdzv_backend c10d`,
 // with the plugin's MASTER_ADDR:MASTER_PORT as the rendezvous: each of the
 // four workers refuses prepare_process() naming torchrun's RANK and Slurm's

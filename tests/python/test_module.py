@@ -190,7 +190,10 @@ class Pools(unittest.TestCase):
         self.assertLess(time.monotonic() - start, 15, "the 2 s bound, not the default 30 minutes")
         self.assertEqual(done.stderr.count("[1] error: step 3 ran longer than its bound of 2s (StepWatchdog, DEW_WATCHDOG)"),
                          1, done.stderr)
-        self.assertIn("dew launch: rank 1 on localhost ended with exit code 124", done.stderr)
+        # Its own exit, or (that exit more than a second behind its peers'
+        # 75s on a loaded machine) their word of it: rank 1, with its code.
+        self.assertRegex(done.stderr, "dew launch: rank 1 on localhost (ended with exit code 124|failed: its peers "
+                                      "ended because step 3 ran longer)")
 
     def test_a_patience_that_runs_out_names_the_late_rank_not_the_waiting_ones(self):
         done, seconds = launch("late", "2")

@@ -215,7 +215,10 @@ class TorchDdp(unittest.TestCase):
             with self.subTest(how=how):
                 done, _ = launch(4, DDP, "--dew", "--fail-rank", "1", "--fail-step", "5", "--fail-how", how)
                 self.assertEqual(done.returncode, code, done.stderr)
-                self.assertIn(f"dew launch: rank 1 on localhost {said}", done.stderr)
+                # Its own exit, or (its exit a moment behind its peers' 75s
+                # on a loaded machine) the peers' word of it: rank 1 either way.
+                self.assertRegex(done.stderr, f"dew launch: rank 1 on localhost ({re.escape(said)}|failed: its peers "
+                                              "ended because)")
                 self.assertNotIn("Traceback", done.stderr)
                 for crash in ("exception not rethrown", "fatal signal"):
                     self.assertNotIn(crash, done.stderr)

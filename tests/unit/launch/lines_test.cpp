@@ -59,6 +59,11 @@ TEST(Output, APeersLineNamesTheProcessThatFailed) {
   ASSERT_TRUE(blame);
   EXPECT_EQ(blame->rank, 1);
   EXPECT_EQ(blame->why, "ended with exit code 3; ending step 7.0 (kill-on-bad-exit)");
+  // ... as srun says it for the step, from the nodes' notices.
+  blame =
+      peer_blame("srun: error: dew: rank 2 ended with signal 9 (SIGKILL); ending step 7.0 (kill-on-bad-exit); node n2");
+  ASSERT_TRUE(blame);
+  EXPECT_EQ(blame->rank, 2);
   for (const char* other :
        {"the user printed ending: process 1 failed: x", "ending: process x failed: y", "ending: process 1 failed",
         "ending: process 99999999999 failed: y", "slurmstepd-n1: error: dew: rank 1 is fine", ""}) {

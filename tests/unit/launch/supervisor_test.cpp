@@ -138,6 +138,25 @@ TEST(Supervisor, APeersExit75NamesTheProcessItReported) {
   EXPECT_LT(r.seconds, 10.0);
 }
 
+// CI under TSan: the failing process (StepWatchdog's 124) was a moment
+// behind its peers' 75s, and the launcher named it by their word alone
+// ("failed: its peers ended because ..."), though it ended with its own
+// code 0.7 s later. It is named by its own exit when that comes within the
+// wait, and by the peers' word only when it does not come.
+TEST(Supervisor, TheFailingProcessAMomentBehindItsPeersIsNamedByItsOwnExit) {
+  const std::string peer = "echo 'ending: process 1 failed: step 3 ran longer than its bound' >&2; exit " +
+                           std::to_string(kPeerFailedExitCode);
+  auto r = supervise({peer, "sleep 0.7; exit 124"}, 2s);
+  EXPECT_EQ(r.exit_code, 124) << r.err;
+  EXPECT_THAT(r.err,
+              HasSubstr("dew launch: rank 1 on localhost ended with exit code 124; stopping the other processes"));
+  EXPECT_THAT(r.err, Not(HasSubstr("its peers ended because"))) << "named once";
+  auto frozen = supervise({peer, "trap '' TERM; sleep 60"}, 1s);
+  EXPECT_THAT(frozen.err, HasSubstr("dew launch: rank 1 on localhost failed: its peers ended because step 3 ran longer "
+                                    "than its bound; stopping the other processes"));
+  EXPECT_EQ(frozen.err.find("dew launch: rank 1 on localhost ended"), std::string::npos) << frozen.err;
+}
+
 // The process the peers name left with exit 0 while they waited for it: the
 // launcher still fails, with 1.
 TEST(Supervisor, ABlamedProcessThatExitedZeroStillFailsTheLaunch) {

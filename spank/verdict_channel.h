@@ -1,0 +1,48 @@
+// The edge of one verdict per step (the rule is StepVerdict, step_verdict.h):
+// srun's listener for the nodes' failure notices, and a node's sending of
+// one. Sockets and threads only; what a notice says and which is named is
+// the core's.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace dew::spank {
+
+class VerdictListener {
+ public:
+  VerdictListener() = default;
+  ~VerdictListener();
+  VerdictListener(const VerdictListener&) = delete;
+  VerdictListener& operator=(const VerdictListener&) = delete;
+
+  // srun, before the tasks' environment is taken: a TCP port the nodes
+  // reach srun at (every address, a port the kernel picks); 0 when srun
+  // cannot listen (each node then names its failure itself).
+  std::uint16_t listen();
+  // srun, once the step exists: notices are taken and the verdict said.
+  void start(std::uint32_t job, std::uint32_t step, std::string secret);
+  // srun is exiting: notices already sent are taken (for at most
+  // kNoticeBound), the verdict is said if it was not, the thread ends.
+  void stop();
+
+ private:
+  void run(std::uint32_t job, std::uint32_t step, const std::string& secret);
+
+  int listen_fd_ = -1;
+  int wake_fd_ = -1;
+  std::mutex mutex_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+// A node's slurmstepd: sends `notice` (encode_failure_notice) to srun at
+// host:port and waits up to `bound` for srun's "ok". False when srun did not
+// take it: the node names the failure itself.
+bool send_failure_notice(const std::string& host, std::uint16_t port, const std::string& notice,
+                         std::chrono::milliseconds bound);
+
+}  // namespace dew::spank
