@@ -16,6 +16,10 @@
 
 namespace dew::runtime {
 
+// The service puts "<prefix><rank>" when a process leaves the pool (its
+// program ended): Pool::a_process_that_left() reads them.
+inline constexpr std::string_view kLeftKeyPrefix = "dew/left/";
+
 struct ServiceConfig {
   int size = 1;
   std::string secret;

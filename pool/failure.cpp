@@ -263,6 +263,19 @@ void Pool::announce_failure(const std::string& error, int exit_code) {
   }).detach();
 }
 
+std::optional<int> Pool::a_process_that_left() {
+  if (!state_->client) return std::nullopt;
+  for (int rank = 0; rank < size(); ++rank) {
+    if (rank == this->rank()) continue;
+    // Put at once when it left: a moment's wait for the service's answer only.
+    const auto left =
+        state_->client->get(std::string(kLeftKeyPrefix) + std::to_string(rank), std::chrono::milliseconds(0));
+    if (!left.ok()) return std::nullopt;  // the pool is ending: its own word names the failure
+    if (left.value()) return rank;
+  }
+  return std::nullopt;
+}
+
 void note_exit_under_way() {
   if (g_exit_under_way.load()) return;
   std::string line =

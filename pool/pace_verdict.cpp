@@ -37,21 +37,26 @@ std::optional<PaceStats> decode_pace(std::string_view text) {
 std::vector<std::string> slow_processes(const std::vector<std::optional<PaceStats>>& stats, std::uint64_t window,
                                         double interval_seconds) {
   std::vector<int> ranks;
-  std::vector<double> work, waited;
+  std::vector<double> work, waited, step;
   for (std::size_t r = 0; r < stats.size(); ++r) {
     const auto& s = stats[r];
     if (!s || s->window != window || s->samples < 5 || s->steps == 0) continue;
     const double share = static_cast<double>(s->waiting) / static_cast<double>(s->samples);
     ranks.push_back(static_cast<int>(r));
-    work.push_back(static_cast<double>(s->step_microseconds) / 1e6 / static_cast<double>(s->steps) * (1 - share));
+    step.push_back(static_cast<double>(s->step_microseconds) / 1e6 / static_cast<double>(s->steps));
+    work.push_back(step.back() * (1 - share));
     waited.push_back(share);
   }
   std::vector<std::string> lines;
   if (ranks.size() < 2) return lines;
-  const double median_work = median(work), median_waited = median(waited);
+  const double median_work = median(work), median_waited = median(waited), median_step = median(step);
   if (median_waited < 0.25) return lines;
   for (std::size_t k = 0; k < ranks.size(); ++k) {
     if (work[k] < 1.5 * median_work || work[k] <= 0) continue;
+    // What a rank adds must be a tenth of the step or more: a sample or two
+    // not waiting, on a loaded machine, made a rank whose work was 0.02 s
+    // against the median's 0.01 s "slow" in a 0.3 s step.
+    if (work[k] - median_work < kSlowShareOfStep * median_step) continue;
     char ratio[32] = "";
     if (median_work >= 0.0005) std::snprintf(ratio, sizeof ratio, " (%.1fx)", work[k] / median_work);
     char line[320];

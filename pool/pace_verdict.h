@@ -23,10 +23,15 @@ struct PaceStats {
 std::string encode_pace(const PaceStats& stats);
 std::optional<PaceStats> decode_pace(std::string_view text);
 
+// A slow process's own work a step exceeds the median's by at least this
+// share of the median step.
+inline constexpr double kSlowShareOfStep = 0.1;
+
 // One line per slow process ("rank 2 is slow: …"), for the processes with
 // at least 5 samples and a step in `window`: slow when its own work a step
 // (step time x the share not spent waiting) is at least 1.5 times the
-// median's while the median process waited at least a quarter of its time.
+// median's, and over it by kSlowShareOfStep of the median step, while the
+// median process waited at least a quarter of its time.
 std::vector<std::string> slow_processes(const std::vector<std::optional<PaceStats>>& stats, std::uint64_t window,
                                         double interval_seconds);
 

@@ -206,6 +206,7 @@ struct CoordinationService::Impl {
   // Requests (service_requests.cpp).
   void handle(const SessionPtr& session, wire::Frame& frame);
   void handle_put(wire::Frame& frame);
+  void store(const std::string& key, std::string value);
   void handle_get(const SessionPtr& session, const wire::Frame& frame);
   void handle_agree(const SessionPtr& session, const wire::Frame& frame);
   void handle_gather(const SessionPtr& session, const std::string& request, const std::string& round,

@@ -34,15 +34,16 @@ void CoordinationService::Impl::handle(const SessionPtr& session, wire::Frame& f
   }
 }
 
-void CoordinationService::Impl::handle_put(wire::Frame& frame) {
-  const std::string& key = frame.items[0];
+void CoordinationService::Impl::handle_put(wire::Frame& frame) { store(frame.items[0], std::move(frame.items[1])); }
+
+void CoordinationService::Impl::store(const std::string& key, std::string value) {
   auto range = gets.equal_range(key);
   for (auto it = range.first; it != range.second; ++it) {
     it->second.timer->cancel();
-    send(it->second.session, wire::Frame{wire::Type::kValue, {it->second.request, frame.items[1]}});
+    send(it->second.session, wire::Frame{wire::Type::kValue, {it->second.request, value}});
   }
   gets.erase(range.first, range.second);
-  kv[key] = std::move(frame.items[1]);
+  kv[key] = std::move(value);
 }
 
 CoordinationService::Impl::Clock::time_point CoordinationService::Impl::deadline_of(std::string_view patience_item) {
@@ -202,6 +203,9 @@ void CoordinationService::Impl::complete_gather(const std::string& round) {
 
 void CoordinationService::Impl::leaves(int rank) {
   left.insert(rank);
+  // Readable by the others: one whose collective with it (torch's, outside
+  // the pool) broke names the one that left, not itself (kLeftKeyPrefix).
+  store(std::string(kLeftKeyPrefix) + std::to_string(rank), "1");
   fail_rounds_missing_a_leaver();
 }
 

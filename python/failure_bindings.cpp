@@ -318,9 +318,26 @@ void install_fast_failure(runtime::Pool& pool) {
     // Unwound by dew.PoolFailed, or an error that is the pool's ending seen
     // from here (a collective whose peer is gone): not this process's
     // failure, and no traceback to blame it.
+    const bool in_collective = raised_inside_collective(tb);
     if (PyErr_GivenExceptionMatches(type.ptr(), g_pool_failed) || g_unwind_requested.load() || raw->ending() ||
-        (raised_inside_collective(tb) && peer_failure_heard_within(*raw, timings::kPeerNoticeGrace))) {
+        (in_collective && peer_failure_heard_within(*raw, timings::kPeerNoticeGrace))) {
       finish_unwinding();
+    }
+    // No failure published, but a peer left the pool (sys.exit(0), a return)
+    // while this one was in a collective with it: that is what broke it.
+    if (in_collective) {
+      const auto left = [raw] {
+        py::gil_scoped_release unlocked;
+        return raw->a_process_that_left();
+      }();
+      if (left) {
+        fail_pool(*raw,
+                  "process " + std::to_string(*left) +
+                      " left the pool (its program ended) while the others were still running: a collective with it "
+                      "broke on process " +
+                      std::to_string(raw->rank()),
+                  1, {*left});
+      }
     }
     traceback.attr("print_exception")(type, value, tb);
     const std::string line =

@@ -104,16 +104,16 @@ std::optional<StepVerdict::Lines> StepVerdict::say() {
 }
 
 std::string StepVerdict::after_line(const FailureNotice& later) const {
-  std::string line = later.line.substr(0, later.line.find(';'));  // "rank 1 ended with exit code 1"
-  line += " on " + later.node;
-  if (first_) {
-    const auto after_us = std::max<std::int64_t>(later.ended_at_us - first_->ended_at_us, 0);
-    const std::string after = after_us < 1'000'000 ? std::to_string((after_us + 500) / 1000) + " ms"
-                                                   : seconds_text(static_cast<double>(after_us) / 1e6);
-    line += ", " + after + " after rank " + std::to_string(first_->rank) +
-            "'s failure ended the step: not named as its failure";
-  }
-  return line;
+  // "rank 1 ended with exit code 1" -> "rank 1 on n1 also ended with exit code 1"
+  std::string what = later.line.substr(0, later.line.find(';'));
+  const auto ended = what.find(" ended ");
+  if (ended != std::string::npos) what.replace(ended, 7, " on " + later.node + " also ended ");
+  if (!first_) return what;
+  const auto after_us = std::max<std::int64_t>(later.ended_at_us - first_->ended_at_us, 0);
+  const std::string after = after_us < 1'000'000 ? std::to_string((after_us + 500) / 1000) + " ms"
+                                                 : seconds_text(static_cast<double>(after_us) / 1e6);
+  return "after rank " + std::to_string(first_->rank) + "'s failure, " + what + ", " + after +
+         " later: not named as the step's failure";
 }
 
 }  // namespace dew::spank

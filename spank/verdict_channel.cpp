@@ -47,7 +47,8 @@ void say(StepVerdict& verdict) {
   const auto lines = verdict.say();
   if (!lines) return;
   slurm_error("dew: %s", lines->verdict.c_str());
-  for (const auto& line : lines->after) slurm_info("dew: %s", line.c_str());
+  // srun -v: not a verdict of their own.
+  for (const auto& line : lines->after) slurm_verbose("dew: %s", line.c_str());
 }
 
 // Reads what `p` has; true once it is done with (taken, refused or timed out).
@@ -61,11 +62,11 @@ bool read_notice(Pending& p, std::uint32_t job, std::uint32_t step, const std::s
   auto notice = whole ? decode_failure_notice(p.text.substr(0, p.text.find('\n') + 1), job, step, secret)
                       : Result<FailureNotice>(invalid_argument("failure notice refused: cut short"));
   if (!notice.ok()) {
-    slurm_info("dew: %s", notice.error().message.c_str());
+    slurm_verbose("dew: %s", notice.error().message.c_str());
     return true;
   }
   static_cast<void>(::send(p.fd, kTaken.data(), kTaken.size(), MSG_NOSIGNAL | MSG_DONTWAIT));
-  if (auto late = verdict.add(std::move(notice.value()))) slurm_info("dew: %s", late->c_str());
+  if (auto late = verdict.add(std::move(notice.value()))) slurm_verbose("dew: %s", late->c_str());
   if (!say_at) say_at = Clock::now() + kVerdictSettle;
   return true;
 }

@@ -249,6 +249,12 @@ class Pool {
   // ending already.
   void announce_failure(const std::string& error, int exit_code);
 
+  // The lowest process, other than this one, that has left the pool (its
+  // program ended: a return, sys.exit(0)) while this one runs; nullopt when
+  // none has. A framework's collective (torch's gloo) that broke here with
+  // no failure published was most likely that process's leaving.
+  std::optional<int> a_process_that_left();
+
   // Normal exit: tells the pool this process is done. Process 0 hosts the
   // coordination service and waits here until every other process has left.
   void leave();

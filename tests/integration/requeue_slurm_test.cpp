@@ -145,10 +145,11 @@ TEST(RequeueSlurm, AJobRequeuedAndThenPreemptedResumesEachTimeAndMatchesAnUninte
 // --checkpoint): `scontrol requeue` (SIGTERM to every task, as a
 // preemption), then Slurm's time-limit warning to the batch script
 // (--signal=B:USR1, sent here at once by `scancel --signal=USR1 --batch`:
-// Slurm's own comes within a minute of its time). Each time every rank stops
+// Slurm's own comes within a minute of its time), then a preemption by a job
+// of the higher tier that needs both nodes whole. Each time every rank stops
 // at one step, rank 0 saves, the job starts again and resumes; the losses
 // equal an uninterrupted run's.
-TEST(RequeueSlurm, APythonScriptStopsAtOneStepOnRequeueAndOnTheTimeLimitsWarningAndResumesExactly) {
+TEST(RequeueSlurm, APythonScriptStopsAtOneStepOnRequeueTheTimeLimitsWarningAndPreemptionAndResumesExactly) {
   const char* module = std::getenv("DEW_PYTHON_MODULE_DIR");
   if (module == nullptr || *module == '\0') GTEST_SKIP() << "the dew Python module is not built";
   if (run({"/usr/bin/python3", "-c", "import torch"}).exit_code != 0) GTEST_SKIP() << "python3-torch is missing";
@@ -158,7 +159,7 @@ TEST(RequeueSlurm, APythonScriptStopsAtOneStepOnRequeueAndOnTheTimeLimitsWarning
   const std::string script = SlurmCluster::source_root() + "/tests/python/torch_ddp.py";
   const std::map<std::string, std::string> env = {{"PYTHONPATH", module}};
   const auto ran = cluster().srun({"--dew-pool", "-N2", "--ntasks-per-node=2", "/usr/bin/python3", script, "--dew",
-                                   "--steps", "14", "--out", dir + "/reference.json"},
+                                   "--steps", "30", "--out", dir + "/reference.json"},
                                   env, 120s);
   ASSERT_EQ(ran.exit_code, 0) << describe(ran);
 
@@ -166,7 +167,7 @@ TEST(RequeueSlurm, APythonScriptStopsAtOneStepOnRequeueAndOnTheTimeLimitsWarning
   const auto submitted = cluster().command(
       {"sbatch", "--parsable", "--output=" + output,
        SlurmCluster::source_root() + "/scripts/sbatch/python-requeue.sbatch", "/usr/bin/python3", script, "--dew",
-       "--steps", "14", "--step-sleep", "0.4", "--checkpoint", dir + "/checkpoint", "--out", dir + "/resumed.json"},
+       "--steps", "30", "--step-sleep", "0.4", "--checkpoint", dir + "/checkpoint", "--out", dir + "/resumed.json"},
       env, 30s);
   ASSERT_EQ(submitted.exit_code, 0) << describe(submitted);
   const std::string job = submitted.out.substr(0, submitted.out.find_first_of(";\n"));
@@ -182,15 +183,27 @@ TEST(RequeueSlurm, APythonScriptStopsAtOneStepOnRequeueAndOnTheTimeLimitsWarning
   ASSERT_TRUE(wait_for("dew-requeue: start 2 of job")) << read_text(output);
   ASSERT_TRUE(wait_for("step 8: loss")) << read_text(output);
   ASSERT_EQ(cluster().command({"scancel", "--signal=USR1", "--batch", job}, {}, 30s).exit_code, 0);
-  ASSERT_TRUE(wait_until_gone(job, 120s)) << read_text(output);
+  ASSERT_TRUE(wait_for("dew-requeue: start 3 of job")) << read_text(output);
+  const auto resumed_lines = [&] { return occurrences(read_text(output), "RESUMED at step"); };
+  for (auto until = std::chrono::steady_clock::now() + 60s;
+       resumed_lines() < 8 && std::chrono::steady_clock::now() < until;)
+    std::this_thread::sleep_for(100ms);
+  ASSERT_EQ(resumed_lines(), 8) << read_text(output);
+  const auto urgent = cluster().command({"sbatch", "--parsable", "-p", "urgent", "-N2", "--exclusive",
+                                         "--output=" + dir + "/urgent.out", "--wrap", "echo the urgent job ran"},
+                                        {}, 30s);
+  ASSERT_EQ(urgent.exit_code, 0) << describe(urgent);
+  ASSERT_TRUE(wait_until_gone(job, 180s)) << read_text(output);
 
   const std::string text = read_text(output);
   EXPECT_THAT(text, HasSubstr("DUE TO JOB REQUEUE"));
   EXPECT_THAT(text, HasSubstr("dew-requeue: the time limit is near: asking every task to stop"));
   EXPECT_THAT(text, HasSubstr("dew-requeue: every task saved and returned: requeueing job " + job));
-  EXPECT_THAT(text, HasSubstr("dew-requeue: start 3 of job " + job));
-  // Both stops: every rank at the same stop_requested(), one save each.
-  EXPECT_EQ(occurrences(text, "stopping at this stop_requested(), with every process"), 8) << text;
+  EXPECT_THAT(text, HasSubstr("DUE TO PREEMPTION"));
+  EXPECT_THAT(text, HasSubstr("dew-requeue: start 4 of job " + job));
+  EXPECT_THAT(read_text(dir + "/urgent.out"), HasSubstr("the urgent job ran"));
+  // The three stops: every rank at the same stop_requested(), one save each.
+  EXPECT_EQ(occurrences(text, "stopping at this stop_requested(), with every process"), 12) << text;
   const std::regex saved("SAVED before step ([0-9]+)"), resumed("RESUMED at step ([0-9]+)");
   std::vector<int> saves, resumes;
   for (auto it = std::sregex_iterator(text.begin(), text.end(), saved); it != std::sregex_iterator(); ++it) {
@@ -199,18 +212,20 @@ TEST(RequeueSlurm, APythonScriptStopsAtOneStepOnRequeueAndOnTheTimeLimitsWarning
   for (auto it = std::sregex_iterator(text.begin(), text.end(), resumed); it != std::sregex_iterator(); ++it) {
     resumes.push_back(std::stoi((*it)[1]));
   }
-  ASSERT_EQ(saves.size(), 2u) << text;
+  ASSERT_EQ(saves.size(), 3u) << text;
   EXPECT_LT(saves[0], saves[1]);
-  EXPECT_LT(saves[1], 14);
-  EXPECT_EQ(resumes, std::vector<int>({saves[0], saves[0], saves[0], saves[0], saves[1], saves[1], saves[1], saves[1]}))
-      << text;
+  EXPECT_LT(saves[1], saves[2]);
+  EXPECT_LT(saves[2], 30);
+  std::vector<int> each_rank_resumed;
+  for (const int save : saves) each_rank_resumed.insert(each_rank_resumed.end(), 4, save);
+  EXPECT_EQ(resumes, each_rank_resumed) << text;
   const auto losses = [](const std::string& path) {
     std::ifstream in(path);
     return in ? nlohmann::json::parse(in).at("losses").get<std::vector<double>>() : std::vector<double>{};
   };
   const auto want = losses(dir + "/reference.json");
   const auto got = losses(dir + "/resumed.json");
-  ASSERT_EQ(got.size(), 14u) << text;
+  ASSERT_EQ(got.size(), 30u) << text;
   EXPECT_LE(loss_gap(got, want), 1e-6) << text;
 }
 

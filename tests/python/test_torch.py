@@ -223,6 +223,19 @@ class TorchDdp(unittest.TestCase):
                 for crash in ("exception not rethrown", "fatal signal"):
                     self.assertNotIn(crash, done.stderr)
 
+    def test_a_rank_that_leaves_by_sys_exit_0_mid_ddp_is_named_not_the_peer_whose_collective_broke(self):
+        # Its peers wait in DDP's all-reduce (gloo); their error there named
+        # one of them ("process 0 failed: ... Connection closed by peer").
+        done, _ = launch(4, DDP, "--dew", "--fail-rank", "1", "--fail-step", "5", "--fail-how", "exit0")
+        self.assertEqual(done.returncode, 1, done.stderr)
+        self.assertIn("ending: process 1 failed: process 1 left the pool (its program ended) while the others were "
+                      "still running", done.stderr)
+        self.assertIn("dew launch: rank 1 on localhost failed: its peers ended because process 1 left the pool",
+                      done.stderr)
+        for wrong in ("ending: process 0 failed", "ending: process 2 failed", "ending: process 3 failed",
+                      "exception not rethrown", "fatal signal"):
+            self.assertNotIn(wrong, done.stderr)
+
     def test_the_hybrid_example_matches_one_process(self):
         one, pool = os.path.join(self.dir, "hybrid-one.json"), os.path.join(self.dir, "hybrid-pool.json")
         done, _ = run([PYTHON, HYBRID, "--out", one])

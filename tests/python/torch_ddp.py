@@ -10,7 +10,8 @@ knows Dew, except `--dew`, which adds the two lines Dew asks for on top.
 --out: rank 0 writes {"losses": [...], "world": W, "env": {...}} there.
 --fail-rank/--fail-step: that rank's data loader fails at that step
 (printing "RAISING <unix time>" first): by raising (--fail-how raise, the
-default), sys.exit(3) (exit), os._exit(3) (os-exit) or SIGKILL (kill);
+default), sys.exit(3) (exit), sys.exit(0) (exit0), os._exit(3) (os-exit) or SIGKILL
+(kill);
 --keep-alive also starts a
 non-daemon thread that would keep the failing interpreter alive.
 --watchdog: each whole step (data, forward, backward, optimizer) runs under
@@ -38,7 +39,7 @@ parser.add_argument("--out")
 parser.add_argument("--fail-rank", type=int, default=-1)
 parser.add_argument("--fail-step", type=int, default=5)
 parser.add_argument("--keep-alive", action="store_true")
-parser.add_argument("--fail-how", choices=["raise", "exit", "os-exit", "kill"], default="raise")
+parser.add_argument("--fail-how", choices=["raise", "exit", "exit0", "os-exit", "kill"], default="raise")
 parser.add_argument("--watchdog", type=float)
 parser.add_argument("--stall-rank", type=int, default=-1)
 parser.add_argument("--stall-step", type=int, default=3)
@@ -86,6 +87,8 @@ def one_step(step):
         print(f"RAISING {time.time():.3f}", flush=True)
         if args.fail_how == "exit":
             sys.exit(3)
+        if args.fail_how == "exit0":
+            sys.exit(0)
         if args.fail_how == "os-exit":
             os._exit(3)
         if args.fail_how == "kill":

@@ -27,6 +27,20 @@ TEST(PaceVerdict, ABalancedPoolOrOneThatBarelyWaitsNamesNoOne) {
   EXPECT_THAT(slow_processes(Stats{of(2), of(0), of(3), of(2)}, 7, 60), IsEmpty());  // no one waits
 }
 
+// test_torch on a loaded machine: rank 0 was "slow" at 0.02 s of work a
+// step against the median's 0.01 s (one sample in 15 not waiting), in a
+// 0.3 s step that rank 1's 0.3 s of work set. What a rank adds must be a
+// tenth of the step.
+TEST(PaceVerdict, ASampleOrTwoNotWaitingInALongStepIsNotSlow) {
+  // 10 steps of 0.3 s, 15 samples: ranks 2 and 3 wait 14 of them (0.02 s
+  // of work), rank 0 waits 12 (0.06 s: 1.5x the median's 0.04 s, but 0.02 s
+  // more in a 0.3 s step), rank 1 none (0.3 s).
+  const auto at = [](std::uint64_t waiting) { return PaceStats{7, 15, waiting, 10, 3'000'000}; };
+  const auto lines = slow_processes(Stats{at(12), at(0), at(14), at(14)}, 7, 3);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_THAT(lines[0], ::testing::StartsWith("rank 1 is slow"));
+}
+
 TEST(PaceVerdict, OtherWindowsTooFewSamplesAndNoStepsAreLeftOut) {
   PaceStats old = of(2);
   old.window = 6;

@@ -75,7 +75,7 @@ TEST(StepVerdict, TheEarliestFailureIsNamedOnceWhateverOrderTheNoticesCameIn) {
             "failures (the others ended after it)");
   ASSERT_EQ(lines->after.size(), 1u);
   EXPECT_EQ(lines->after[0],
-            "rank 1 ended with exit code 1 on n1, 210 ms after rank 2's failure ended the step: not named as its "
+            "after rank 2's failure, rank 1 on n1 also ended with exit code 1, 210 ms later: not named as the step's "
             "failure");
   EXPECT_FALSE(verdict.say()) << "said once";
   EXPECT_FALSE(verdict.waiting());
@@ -83,9 +83,9 @@ TEST(StepVerdict, TheEarliestFailureIsNamedOnceWhateverOrderTheNoticesCameIn) {
   auto late = verdict.add(notice(3, 2'000'500'000, "n3"));
   auto later = verdict.add(notice(4, 2'003'000'000, "n4"));
   ASSERT_TRUE(later);
-  EXPECT_THAT(*later, HasSubstr("on n4, 3 s after rank 2's failure"));
+  EXPECT_THAT(*later, HasSubstr("rank 4 on n4 also ended with exit code 1, 3 s later"));
   ASSERT_TRUE(late);
-  EXPECT_THAT(*late, StartsWith("rank 3 ended with exit code 1 on n3, 500 ms after rank 2's failure"));
+  EXPECT_THAT(*late, StartsWith("after rank 2's failure, rank 3 on n3 also ended with exit code 1, 500 ms later"));
 }
 
 TEST(StepVerdict, OneNodesNoticeIsTheVerdictAsItsNodeWouldHaveSaidIt) {
