@@ -47,7 +47,8 @@ Error bad_notice(std::string_view what) {
 std::string encode_failure_notice(const FailureNotice& notice, std::uint32_t job, std::uint32_t step,
                                   std::string_view secret) {
   const std::string body = std::string(kMagic) + " " + std::string(kVersion) + " " + step_text(job, step) + " " +
-                           std::to_string(notice.rank) + " " + std::to_string(notice.ended_at_us) + " " +
+                           std::to_string(notice.rank) + " " +
+                           std::to_string(std::max<std::int64_t>(notice.ended_at_us, 0)) + " " +
                            hex_of(std::string_view(notice.node).substr(0, kNodeMaxBytes)) + " " +
                            hex_of(std::string_view(notice.line).substr(0, kLineMaxBytes));
   return body + " " + mac_hex(body, secret) + "\n";

@@ -27,7 +27,8 @@ using timings::kVerdictSettle;
 struct FailureNotice {
   std::uint32_t rank = 0;
   // The node's wall clock when its slurmstepd saw the exit, in microseconds
-  // since the epoch: the nodes' clocks order failures across nodes.
+  // since the epoch: the nodes' clocks order failures across nodes (a clock
+  // before the epoch is sent as 0).
   std::int64_t ended_at_us = 0;
   std::string node;
   // classify_task_end's line: "rank 2 ended with exit code 1; ending step 12.0 (kill-on-bad-exit)".

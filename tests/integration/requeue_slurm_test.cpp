@@ -184,11 +184,15 @@ TEST(RequeueSlurm, APythonScriptStopsAtOneStepOnRequeueTheTimeLimitsWarningAndPr
   ASSERT_TRUE(wait_for("step 8: loss")) << read_text(output);
   ASSERT_EQ(cluster().command({"scancel", "--signal=USR1", "--batch", job}, {}, 30s).exit_code, 0);
   ASSERT_TRUE(wait_for("dew-requeue: start 3 of job")) << read_text(output);
-  const auto resumed_lines = [&] { return occurrences(read_text(output), "RESUMED at step"); };
-  for (auto until = std::chrono::steady_clock::now() + 60s;
-       resumed_lines() < 8 && std::chrono::steady_clock::now() < until;)
-    std::this_thread::sleep_for(100ms);
-  ASSERT_EQ(resumed_lines(), 8) << read_text(output);
+  // Preempted once the third start has run a step past its checkpoint:
+  // before a script's first stop_requested() a SIGTERM ends it as a stop
+  // from outside (nothing saved; it resumes from the last checkpoint), and on
+  // 24.11 under load the preemption came before that.
+  std::smatch second_save;
+  const std::string so_far = read_text(output);
+  const std::regex saves_so_far(R"(SAVED before step ([0-9]+)[\s\S]*SAVED before step ([0-9]+))");
+  ASSERT_TRUE(std::regex_search(so_far, second_save, saves_so_far)) << so_far;
+  ASSERT_TRUE(wait_for("step " + std::to_string(std::stoi(second_save[2].str()) + 1) + ": loss")) << read_text(output);
   const auto urgent = cluster().command({"sbatch", "--parsable", "-p", "urgent", "-N2", "--exclusive",
                                          "--output=" + dir + "/urgent.out", "--wrap", "echo the urgent job ran"},
                                         {}, 30s);

@@ -38,6 +38,14 @@ TEST(FailureNotice, ANoticeReadsBackAsSent) {
       << "control bytes of a line never reach srun's stderr";
 }
 
+// The fuzz target: a clock before the epoch was written with its sign,
+// which the reader (digits only) refused.
+TEST(FailureNotice, AClockBeforeTheEpochIsSentAsZero) {
+  auto read = decode_failure_notice(encode_failure_notice(notice(2, -88, "n2"), 12, 0, kSecret), 12, 0, kSecret);
+  ASSERT_TRUE(read.ok()) << read.error().message;
+  EXPECT_EQ(read.value().ended_at_us, 0);
+}
+
 TEST(FailureNotice, AnotherSecretAnotherStepOrAnAlteredFieldIsRefused) {
   const auto text = encode_failure_notice(notice(2, 5, "n2"), 12, 0, kSecret);
   auto other_secret = decode_failure_notice(text, 12, 0, "0000");
