@@ -171,11 +171,20 @@ TEST(PythonSlurm, ATorchRankRaisingAtStep5EndsTheStepWithinASecondNamedOnce) {
 // broken, fail a moment later, on both nodes. Each node's slurmstepd named
 // the first failure it saw, so the step got two verdicts (rank 2 and rank 1
 // in 6 of 15 runs); srun now names the earliest of the nodes' notices once,
-// however rank 2 ends.
+// and says the later ones under -v only.
+// By time is all the plugin knows of a script without Dew's module: a rank
+// that raises or calls sys.exit closes its Gloo pairs early in its
+// interpreter's teardown, and a peer whose own teardown is quicker ends
+// first and is named (rank 1 in 1 of 8 sys.exit runs on an idle machine, 2
+// of 4 in CI beside the sanitizer stages; docs/failures.md). So rank 2 must
+// be named in every SIGKILL run and in at least one of the raise and sys.exit
+// runs (a rule that named the wrong rank by arrival, or always a peer, fails).
 TEST(PythonSlurm, AnUnmodifiedDdpScriptsFailureIsNamedOnceForTheStepWhateverNodeSawIt) {
   if (!have_torch()) GTEST_SKIP() << "python3-torch is not installed (scripts/install-deps installs it)";
   const std::vector<std::pair<std::string, std::string>> endings = {
       {"raise", "exit code 1"}, {"exit", "exit code 3"}, {"kill", "signal 9 (SIGKILL)"}};
+  int teardown_runs = 0;
+  int teardown_runs_named_right = 0;
   for (int run = 0; run < 2; ++run) {
     for (const auto& [how, status] : endings) {
       SCOPED_TRACE(how + ", run " + std::to_string(run));
@@ -185,9 +194,16 @@ TEST(PythonSlurm, AnUnmodifiedDdpScriptsFailureIsNamedOnceForTheStepWhateverNode
           {}, 120s);
       EXPECT_NE(r.exit_code, 0) << describe(r);
       EXPECT_EQ(occurrences(r.err, "dew: rank "), 1) << describe(r);
-      EXPECT_THAT(r.err, HasSubstr("dew: rank 2 ended with " + status)) << describe(r);
+      const bool right = r.err.find("dew: rank 2 ended with " + status) != std::string::npos;
+      if (how == "kill") {
+        EXPECT_TRUE(right) << describe(r);
+      } else {
+        ++teardown_runs;
+        teardown_runs_named_right += right ? 1 : 0;
+      }
     }
   }
+  EXPECT_GE(teardown_runs_named_right, 1) << "of " << teardown_runs << " raise and sys.exit runs";
 }
 
 // PyTorch's own Slurm recipe, `srun torchrun --nnodes N --rdzv_backend c10d`,
