@@ -3,6 +3,7 @@
 // replies and pushed failures; a heartbeat thread keeps the service (and
 // itself) sure the other side is alive.
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -19,6 +20,7 @@
 #include "dew/log.h"
 #include "dew/text.h"
 #include "frame_reader.h"
+#include "silence_verdict.h"
 
 namespace dew::runtime {
 namespace {
@@ -288,15 +290,23 @@ struct CoordinationClient::Impl {
     log_warn(line);
   }
 
+  // The service's bytes in the socket that no thread has read yet.
+  std::size_t bytes_unread() const {
+    int count = 0;
+    return ::ioctl(fd, FIONREAD, &count) == 0 && count > 0 ? static_cast<std::size_t>(count) : 0;
+  }
+
   void heartbeat_loop() {
     const auto interval = std::max(config.heartbeat_timeout / 4, std::chrono::milliseconds(20));
     std::unique_lock lock(mutex);
     while (!leaving) {
       if (stopping.wait_for(lock, interval, [&] { return leaving; })) return;
       const auto now = Clock::now();
-      if (now - last_tick > 2 * interval) paused_at = now;  // this process was stopped or starved
+      const auto since_last_look = now - last_tick;
+      if (since_last_look > 2 * interval) paused_at = now;  // this process was stopped or starved
       last_tick = now;
-      const bool silent = now - last_heard > config.heartbeat_timeout;
+      const bool silent = lost_for_silence(
+          SilenceFacts{now - last_heard, since_last_look, interval, config.heartbeat_timeout, bytes_unread()});
       lock.unlock();
       if (silent) {
         lose_service("stopped answering heartbeats");

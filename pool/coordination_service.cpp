@@ -10,6 +10,7 @@
 #include "auth.h"
 #include "dew/failure_timings.h"
 #include "service_impl.h"
+#include "silence_verdict.h"
 
 namespace dew::runtime {
 namespace {
@@ -381,11 +382,15 @@ void CoordinationService::Impl::beat() {
   heartbeat.async_wait([this, interval](std::error_code ec) {
     if (ec) return;
     const auto now = Clock::now();
-    if (now - last_beat > 2 * interval) paused_at = now;
+    const auto since_last_look = now - last_beat;
+    if (since_last_look > 2 * interval) paused_at = now;
     last_beat = now;
     for (const auto& client : clients) {
       if (!client || client->closed || client->bye) continue;
-      if (now - client->last_heard > config.heartbeat_timeout) {
+      std::error_code unread_error;
+      const std::size_t unread = client->socket.available(unread_error);
+      if (lost_for_silence(SilenceFacts{now - client->last_heard, since_last_look, interval, config.heartbeat_timeout,
+                                        unread_error ? 0 : unread})) {
         char text[32];
         std::snprintf(text, sizeof text, "%g", std::chrono::duration<double>(config.heartbeat_timeout).count());
         publish(PeerFailure{client->rank, "process " + std::to_string(client->rank) +

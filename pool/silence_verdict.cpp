@@ -1,0 +1,11 @@
+#include "silence_verdict.h"
+
+namespace dew::runtime {
+
+bool lost_for_silence(const SilenceFacts& facts) {
+  if (facts.since_heard <= facts.timeout) return false;
+  if (facts.since_last_look > 2 * facts.look_interval) return false;  // the watcher's own pause
+  return facts.bytes_unread == 0;
+}
+
+}  // namespace dew::runtime
