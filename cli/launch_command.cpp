@@ -34,6 +34,7 @@
 #include "dew/launch_plan.h"
 #include "dew/log.h"
 #include "dew/process.h"
+#include "dew/slurm_step.h"
 #include "dew/supervisor.h"
 #include "dew/text.h"
 #include "dew/watchdog.h"
@@ -49,6 +50,18 @@ using namespace std::chrono_literals;
 // SIGTERM, then SIGKILL this long after: short, so that a failed pool is
 // gone at once (a stopped process gets this long to flush and exit).
 constexpr auto kGrace = timings::kLaunchStopGrace;
+
+// The names in this launcher's environment that its own launcher set to say
+// who its task is (launch_plan.h LaunchFacts::inherited_task_variables).
+std::vector<std::string> inherited_task_variables() {
+  std::vector<std::string> names;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+    const std::string_view text(*entry);
+    const auto name = text.substr(0, text.find('='));
+    if (is_task_identity_variable(name)) names.emplace_back(name);
+  }
+  return names;
+}
 
 // The words after the first "--" that follows the `launch` word of this
 // process's own command line (Linux: /proc/self/cmdline), if there is one.
@@ -133,6 +146,7 @@ std::optional<Stop> start_all(const launch::LaunchPlan& plan, const std::string&
     options.die_with_parent = true;
     if (p->local) {
       options.env = env_changes(p->env);
+      for (const auto& name : p->unset) options.env.emplace_back(name, std::nullopt);
       options.cwd = p->cwd;
     } else {
       options.stdin_mode = Stdio::kPipe;  // the remote script reads the secret as its first line
@@ -175,6 +189,7 @@ int run_launch(LaunchArgs& args) {
   // A dry run shows a placeholder: a live secret is never printed.
   facts.secret = args.dry_run ? std::string(launch::kSecretPlaceholder) : secret.value();
   if (const char* flags = std::getenv("XLA_FLAGS")) facts.xla_flags = flags;
+  facts.inherited_task_variables = inherited_task_variables();
   for (const char* name : launch::kForwardedToRemoteHosts) {
     if (const char* value = std::getenv(name)) facts.forwarded.emplace_back(name, value);
   }

@@ -77,4 +77,37 @@ std::optional<int> tasks_on_node(const std::string& layout, int node) {
   return std::nullopt;
 }
 
+bool is_task_identity_variable(std::string_view name) {
+  static constexpr std::string_view kNames[] = {"SLURM_PROCID",
+                                                "SLURM_LOCALID",
+                                                "SLURM_NODEID",
+                                                "SLURM_NTASKS",
+                                                "SLURM_NPROCS",
+                                                "SLURM_GTIDS",
+                                                "SLURM_STEP_ID",
+                                                "SLURM_STEPID",
+                                                "SLURM_STEP_NODELIST",
+                                                "SLURM_STEP_NUM_NODES",
+                                                "SLURM_STEP_NUM_TASKS",
+                                                "SLURM_STEP_TASKS_PER_NODE",
+                                                "SLURM_TASK_PID",
+                                                "SLURM_SRUN_COMM_HOST",
+                                                "SLURM_SRUN_COMM_PORT",
+                                                "SLURM_STEP_LAUNCHER_PORT",
+                                                "SLURM_LAUNCH_NODE_IPADDR",
+                                                "SLURM_DISTRIBUTION",
+                                                "PMIX_RANK",
+                                                "PMIX_NAMESPACE",
+                                                "PMIX_ID",
+                                                "PMI_RANK",
+                                                "PMI_SIZE",
+                                                "PMI_FD",
+                                                "DEW_NODE_ID",
+                                                "DEW_MULTI_HOST"};
+  for (const auto known : kNames) {
+    if (name == known) return true;
+  }
+  return name.rfind("PMIX_SERVER_URI", 0) == 0 || name.rfind("OMPI_COMM_WORLD_", 0) == 0;
+}
+
 }  // namespace dew

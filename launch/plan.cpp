@@ -297,6 +297,7 @@ Result<LaunchPlan> plan_launch(const LaunchOptions& options, const std::vector<E
       if (options.private_dirs) add_private_dirs(p, facts.private_root + "/" + std::to_string(p.rank));
       add_user_env(p, env, options.watchdog.value_or(kDefaultWatchdog), facts.xla_flags);
       if (!p.local) add_forwarded(p, env, facts.forwarded);
+      if (p.local) p.unset = facts.inherited_task_variables;
       if (p.local) {
         p.argv = options.command;
       } else {
@@ -313,7 +314,9 @@ Result<LaunchPlan> plan_launch(const LaunchOptions& options, const std::vector<E
 std::string dry_run_line(const ProcessSpec& process) {
   std::string line = std::to_string(process.rank) + " " + process.host + ": ";
   if (!process.local) return line + display_words(process.argv);
-  std::vector<std::string> words{"env", "-C", process.cwd};
+  std::vector<std::string> words{"env"};
+  for (const auto& name : process.unset) words.insert(words.end(), {"-u", name});
+  words.insert(words.end(), {"-C", process.cwd});
   for (const auto& [name, value] : process.env) words.push_back(name + "=" + value);
   words.insert(words.end(), process.argv.begin(), process.argv.end());
   return line + display_words(words);

@@ -284,6 +284,32 @@ std::optional<Error> refusal_under_torchrun(const Environment& env, RankSource s
                      "(both set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT as torchrun does)");
 }
 
+// DEW_PROCESS_ID and DEW_PROCESS_COUNT beside a Slurm step's or mpirun's
+// task variables that say otherwise: one of the two was inherited (a
+// process started by something that is not a Dew launcher, inside a task of
+// one that is, or by one that handed down its own task's variables). The
+// join refuses naming both; neither is picked in silence.
+std::optional<Error> disagreement_with_dew(const Environment& env, RankSource source) {
+  const char* rank_name = source == RankSource::kSlurm     ? "SLURM_PROCID"
+                          : source == RankSource::kOpenMpi ? "OMPI_COMM_WORLD_RANK"
+                                                           : nullptr;
+  const char* size_name = source == RankSource::kSlurm ? "SLURM_NTASKS" : "OMPI_COMM_WORLD_SIZE";
+  if (!rank_name) return std::nullopt;
+  auto dew = rank_and_size(env, "DEW_PROCESS_ID", "DEW_PROCESS_COUNT");
+  auto theirs = rank_and_size(env, rank_name, size_name);
+  if (!dew.ok() || !theirs.ok()) return std::nullopt;  // none of Dew's, or a bad value said elsewhere
+  if (dew.value().rank == theirs.value().rank && dew.value().size == theirs.value().size) return std::nullopt;
+  const auto pair = [&env](const char* rank, const char* size) {
+    return std::string(rank) + "=" + lookup(env, rank).value_or("") + " " + size + "=" + lookup(env, size).value_or("");
+  };
+  return invalid_argument(
+      "this process has two identities that disagree: " + pair("DEW_PROCESS_ID", "DEW_PROCESS_COUNT") +
+      " (a Dew launcher's) and " + pair(rank_name, size_name) +
+      (source == RankSource::kSlurm ? " (a Slurm step's)" : " (mpirun's)") +
+      "; one of them was inherited from the process that started this one. Start it with one launcher: "
+      "`dew launch` hands its processes its own variables only, `srun --dew-pool` sets Dew's to match Slurm's");
+}
+
 Result<Identity> identity_of_source(const Environment& env, const JoinOptions& options) {
   if (options.rank || options.size) {
     if (!options.rank || !options.size)
@@ -320,6 +346,7 @@ Result<Identity> identity_of_source(const Environment& env, const JoinOptions& o
   Result<Identity> found = Identity{};
   const RankSource source = rank_source(env);
   if (auto refusal = refusal_under_torchrun(env, source)) return *refusal;
+  if (auto disagreement = disagreement_with_dew(env, source)) return *disagreement;
   if (source == RankSource::kPmix) {
     Identity id;
     id.source = PoolSource::kPmix;

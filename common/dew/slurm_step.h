@@ -9,6 +9,10 @@
 //   rank0_node      the node that runs rank 0, from the step's nodelist and
 //                   distribution
 //   tasks_on_node   a node's task count from SLURM_STEP_TASKS_PER_NODE
+//   is_task_identity_variable
+//                   whether a variable is one a launcher sets in each of its
+//                   tasks to say who that task is (what a process that
+//                   launches processes of its own must not hand them down)
 //
 // Pure: each takes the environment or the values; nothing here reads the
 // process's own environment.
@@ -17,6 +21,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "dew/result.h"
 
@@ -49,5 +54,13 @@ Result<std::string> rank0_node(const std::optional<std::string>& step_nodelist,
 // Tasks on node `node` (0-based) from SLURM_STEP_TASKS_PER_NODE ("3,1",
 // "2(x2),1"); nullopt when the layout is malformed or has no such node.
 std::optional<int> tasks_on_node(const std::string& layout, int node);
+
+// A Slurm step's task variables (SLURM_PROCID, SLURM_NTASKS,
+// SLURM_STEP_NODELIST, ...), PMIx's and PMI's (PMIX_RANK, PMIX_NAMESPACE,
+// PMIX_SERVER_URI*, PMI_RANK, ...), Open MPI's OMPI_COMM_WORLD_*, and the
+// plugin's per-task DEW_NODE_ID and DEW_MULTI_HOST. Job-wide variables
+// (SLURM_JOB_ID, SLURM_JOB_NODELIST, ...) are not: they stay true for a
+// process started inside the job by another launcher.
+bool is_task_identity_variable(std::string_view name);
 
 }  // namespace dew

@@ -124,7 +124,10 @@ struct ProcessSpec {
   int local_rank = 0;
   std::string host;
   bool local = true;
-  std::vector<EnvVar> env;             // set on top of the inherited environment
+  std::vector<EnvVar> env;  // set on top of the inherited environment
+  // Removed from the inherited environment (a local process): the task
+  // variables of the launcher's own launcher (LaunchFacts).
+  std::vector<std::string> unset;
   std::string cwd;                     // where it starts
   std::vector<std::string> make_dirs;  // directories made before it starts (--private-dirs)
   // What the launcher executes: the command itself for a local process
@@ -166,6 +169,12 @@ struct LaunchFacts {
   // What a remote process gets of the launcher's own environment, which an
   // ssh command does not carry: kForwardedToRemoteHosts that are set.
   std::vector<EnvVar> forwarded;
+  // The launcher's own variables that another launcher set to say who its
+  // task is (dew/slurm_step.h is_task_identity_variable: inside `srun --pty
+  // bash`, SLURM_PROCID=0 SLURM_NTASKS=1 ...). A local process does not
+  // inherit them: what this launcher sets for it is its identity, not the
+  // interactive step's (which made each process "alone, rank 0 of 1").
+  std::vector<std::string> inherited_task_variables;
 };
 
 // The launcher's variables a remote process gets too (ssh carries none):

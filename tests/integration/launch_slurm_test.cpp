@@ -8,6 +8,7 @@
 #include "launch_helpers.h"
 #include "slurm_cluster.h"
 #include "srun_output.h"
+#include "test_paths.h"
 
 namespace dew::testing {
 namespace {
@@ -38,6 +39,30 @@ TEST(LaunchSlurm, WithThePluginRanksComeFromThePool) {
     EXPECT_THAT(r.out, HasSubstr("[" + std::to_string(rank) +
                                  "] greeting=it's $(not run) node=" + std::to_string(rank / 2) + "\n"));
   }
+}
+
+// Inside an allocation's one-task step (as after `srun --pty bash`), dew
+// launch's processes form the pool it launched: they used to inherit the
+// step's SLURM_PROCID=0 SLURM_NTASKS=1, which the join read before Dew's own
+// variables, and each was "alone, rank 0 of 1" (three unconnected
+// programs, exit 0, no error). A process given Dew's variables for a pool of
+// 4 by something else in that step is refused, naming both.
+TEST(LaunchSlurm, InsideAOneTaskStepDewLaunchsProcessesFormTheirOwnPool) {
+  auto r = cluster().srun({"-n1", dew_exe(), "launch", "--processes-per-host", "3", "--", pool_worker(), "exchange"},
+                          {}, 60s);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_THAT(r.out,
+                HasSubstr("[" + std::to_string(rank) + "] RESULT rank=" + std::to_string(rank) + " size=3 source=dew"))
+        << describe(r);
+  }
+  auto mixed = cluster().srun({"-n1", "env", "DEW_PROCESS_ID=2", "DEW_PROCESS_COUNT=4",
+                               "DEW_COORDINATOR_ADDRESS=127.0.0.1:5555", dew_exe(), "env", "--json"},
+                              {}, 60s);
+  EXPECT_NE(mixed.exit_code, 0) << describe(mixed);
+  EXPECT_THAT(mixed.err, HasSubstr("DEW_PROCESS_ID=2 DEW_PROCESS_COUNT=4 (a Dew launcher's) and SLURM_PROCID=0 "
+                                   "SLURM_NTASKS=1 (a Slurm step's)"))
+      << describe(mixed);
 }
 
 TEST(LaunchSlurm, DryRunShowsSrunWithDewOptions) {

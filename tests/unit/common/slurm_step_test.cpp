@@ -5,6 +5,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 #include "expect_error.h"
 
 namespace {
@@ -65,6 +68,69 @@ TEST(TasksOnNode, ReadsSlurmsLayout) {
   EXPECT_EQ(dew::tasks_on_node("2(x2),1", 3), std::nullopt);
   EXPECT_EQ(dew::tasks_on_node("x", 0), std::nullopt);
   EXPECT_EQ(dew::tasks_on_node("2(x0)", 0), std::nullopt);
+}
+
+// A one-task step's environment as `srun -n1 env` printed it on the test
+// cluster (Slurm 22.05; values shortened), and srun --mpi=pmix's PMIx
+// variables: what remains once the task variables are dropped is no
+// launcher's task, and the job's own variables stay.
+TEST(TaskIdentityVariables, DroppedFromAStepsTaskLeaveNoRankSourceButTheJob) {
+  const std::vector<std::string> names = {"SLURMD_NODENAME",
+                                          "SLURM_CLUSTER_NAME",
+                                          "SLURM_CONF",
+                                          "SLURM_CPUS_ON_NODE",
+                                          "SLURM_GTIDS",
+                                          "SLURM_JOBID",
+                                          "SLURM_JOB_ID",
+                                          "SLURM_JOB_NODELIST",
+                                          "SLURM_JOB_NUM_NODES",
+                                          "SLURM_LAUNCH_NODE_IPADDR",
+                                          "SLURM_LOCALID",
+                                          "SLURM_NNODES",
+                                          "SLURM_NODEID",
+                                          "SLURM_NODELIST",
+                                          "SLURM_NPROCS",
+                                          "SLURM_NTASKS",
+                                          "SLURM_PROCID",
+                                          "SLURM_SRUN_COMM_HOST",
+                                          "SLURM_SRUN_COMM_PORT",
+                                          "SLURM_STEPID",
+                                          "SLURM_STEP_ID",
+                                          "SLURM_STEP_LAUNCHER_PORT",
+                                          "SLURM_STEP_NODELIST",
+                                          "SLURM_STEP_NUM_NODES",
+                                          "SLURM_STEP_NUM_TASKS",
+                                          "SLURM_STEP_TASKS_PER_NODE",
+                                          "SLURM_SUBMIT_DIR",
+                                          "SLURM_TASKS_PER_NODE",
+                                          "SLURM_TASK_PID",
+                                          "SLURM_TOPOLOGY_ADDR",
+                                          "PMIX_GDS_MODULE",
+                                          "PMIX_NAMESPACE",
+                                          "PMIX_RANK",
+                                          "PMIX_SERVER_TMPDIR",
+                                          "PMIX_SERVER_URI2",
+                                          "PMIX_SERVER_URI21",
+                                          "PMIX_SERVER_URI4",
+                                          "PMIX_VERSION",
+                                          "OMPI_COMM_WORLD_RANK",
+                                          "OMPI_COMM_WORLD_SIZE",
+                                          "DEW_NODE_ID",
+                                          "DEW_PROCESS_ID"};
+  dew::Environment step;
+  for (const auto& name : names) step[name] = "1";
+  ASSERT_EQ(dew::rank_source(step), dew::RankSource::kPmix);
+  dew::Environment left;
+  for (const auto& [name, value] : step) {
+    if (!dew::is_task_identity_variable(name)) left[name] = value;
+  }
+  left.erase("DEW_PROCESS_ID");
+  EXPECT_EQ(dew::rank_source(left), dew::RankSource::kNone);
+  for (const char* kept : {"SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_CONF", "SLURM_TASKS_PER_NODE"})
+    EXPECT_EQ(left.count(kept), 1u) << kept;
+  for (const char* dropped : {"SLURM_PROCID", "SLURM_STEP_NODELIST", "PMIX_SERVER_URI21", "OMPI_COMM_WORLD_RANK",
+                              "DEW_NODE_ID", "SLURM_SRUN_COMM_PORT"})
+    EXPECT_EQ(left.count(dropped), 0u) << dropped;
 }
 
 }  // namespace

@@ -362,6 +362,23 @@ TEST(RemoteScript, EndOfStdinEndsTheCommandsProcessGroup) {
   }
 }
 
+// dew launch inside an allocation (`srun --pty bash`): the interactive
+// step's task variables are not handed to the local processes, so each is
+// process R of the launch, not "alone, rank 0 of 1"; a remote process never
+// had them (ssh carries none).
+TEST(InheritedTaskVariables, ALocalProcessDoesNotInheritItsLaunchersTaskIdentity) {
+  auto o = options_with({"/bin/true"});
+  o.hosts = {"localhost", "n1"};
+  auto f = facts();
+  f.inherited_task_variables = {"SLURM_PROCID", "SLURM_NTASKS", "PMIX_RANK"};
+  auto plan = planned(o, {}, f);
+  EXPECT_EQ(plan.processes[0].unset, f.inherited_task_variables);
+  EXPECT_TRUE(plan.processes[1].unset.empty());
+  EXPECT_THAT(
+      dry_run_line(plan.processes[0]),
+      StartsWith("0 localhost: env -u SLURM_PROCID -u SLURM_NTASKS -u PMIX_RANK -C /srv/here DEW_PROCESS_ID=0 "));
+}
+
 TEST(DryRun, OneLinePerProcessThatPastesIntoBash) {
   auto o = options_with({"/bin/echo", "x y"});
   o.hosts = {"localhost", "n1"};

@@ -80,7 +80,9 @@ INSTANTIATE_TEST_SUITE_P(
              "[fe80::1]:7"},
         Case{"slurm_without_plugin", kSlurmStep, PoolSource::kSlurm, 5, 8, 1, 4,
              "gpu07:29488"},  // the plugin's formula: 20000 + (1234 * 32 + 0) mod 10000
-        Case{"slurm_with_plugin", with(kSlurmStep, kDew), PoolSource::kSlurm, 5, 8, 1, 4, "node0:29500"},
+        // The plugin sets Dew's variables to Slurm's own rank and count.
+        Case{"slurm_with_plugin", with(kSlurmStep, with(kDew, {{"DEW_PROCESS_ID", "5"}, {"DEW_PROCESS_COUNT", "8"}})),
+             PoolSource::kSlurm, 5, 8, 1, 4, "node0:29500"},
         Case{"slurm_one_task", with(kSlurmStep, {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}}), PoolSource::kAlone, 0,
              1, 1, 4, ""},
         Case{"batch_script_is_not_a_step",
@@ -100,6 +102,22 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"pmix_namespace_alone_is_not_pmix", with(kDew, {{"PMIX_NAMESPACE", "x"}}), PoolSource::kDew, 2, 4, 0, 2,
              "node0:29500"}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+// Inside an allocation (`srun --pty bash`, then a launcher that is not
+// Dew's, or one that handed down its own task's variables), a process has
+// Dew's variables for a pool of 4 and the interactive step's for one task:
+// it used to resolve to "alone, rank 0 of 1" (four unconnected trainings,
+// no error). Two sources that disagree refuse the join, naming both.
+TEST(Disagreement, DewsVariablesAgainstAnInheritedSlurmStepOrMpirunAreRefusedNamingBoth) {
+  const Environment one_task = with(kSlurmStep, {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}});
+  const auto slurm = dew::testing::invalid_argument_of(resolve_identity(with(one_task, kDew), JoinOptions{}));
+  EXPECT_THAT(slurm, HasSubstr("DEW_PROCESS_ID=2 DEW_PROCESS_COUNT=4 (a Dew launcher's)"));
+  EXPECT_THAT(slurm, HasSubstr("SLURM_PROCID=0 SLURM_NTASKS=1 (a Slurm step's)"));
+  const auto mpirun = dew::testing::invalid_argument_of(resolve_identity(with(kOmpi, kDew), JoinOptions{}));
+  EXPECT_THAT(mpirun, HasSubstr("OMPI_COMM_WORLD_RANK=3 OMPI_COMM_WORLD_SIZE=4 (mpirun's)"));
+  // Agreeing values are one identity said twice (the plugin's case).
+  EXPECT_TRUE(resolve_identity(with(kOmpi, with(kDew, {{"DEW_PROCESS_ID", "3"}})), JoinOptions{}).ok());
+}
 
 // Without the plugin, rank 0's node comes from the plugin's own rule: a
 // distribution that does not say which node runs rank 0 is refused, naming
