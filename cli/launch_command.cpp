@@ -243,7 +243,7 @@ void add_launch_options(CLI::App* launch, LaunchArgs& args) {
   args.port_option =
       launch
           ->add_option("--port", args.port,
-                       "Coordinator port (1-65535; default: a random one from 20000-29999 that is free on the first "
+                       "Coordinator port (1024-65535; default: a random one from 20000-29999 that is free on the first "
                        "host when the launch starts, asked over ssh with a POSIX sh + awk query for a remote first "
                        "host)")
           ->type_name("PORT");

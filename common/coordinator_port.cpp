@@ -17,7 +17,7 @@ std::uint16_t port_from_random(std::uint32_t random, PortRange range) {
 }
 
 std::uint16_t stepped_port(std::uint16_t port, unsigned step) {
-  constexpr std::uint64_t kLow = 1024;
+  constexpr std::uint64_t kLow = kLowestPort;
   constexpr std::uint64_t kSpan = 65535 - kLow + 1;
   const std::uint64_t from = port < kLow ? kLow : port;
   return static_cast<std::uint16_t>(kLow + (from - kLow + step) % kSpan);

@@ -166,12 +166,12 @@ Result<LaunchOptions> validate(LaunchOptions options) {
   if (options.processes_per_host < 1 || options.processes_per_host > kMaxProcessesPerHost) {
     return range_error("--processes-per-host", options.processes_per_host, 1, kMaxProcessesPerHost);
   }
-  if (options.devices_per_process &&
-      (*options.devices_per_process < 1 || *options.devices_per_process > kMaxDevicesPerProcess)) {
-    return range_error("--devices-per-process", *options.devices_per_process, 1, kMaxDevicesPerProcess);
+  constexpr int kMaxDevices = static_cast<int>(kMaxDevicesPerProcess);
+  if (options.devices_per_process && (*options.devices_per_process < 1 || *options.devices_per_process > kMaxDevices)) {
+    return range_error("--devices-per-process", *options.devices_per_process, 1, kMaxDevices);
   }
-  if (options.port && (*options.port < 1 || *options.port > 65535)) {
-    return range_error("--port", *options.port, 1, 65535);
+  if (options.port && (*options.port < kLowestPort || *options.port > 65535)) {
+    return range_error("--port", *options.port, kLowestPort, 65535);
   }
   if (options.hosts.size() > static_cast<std::size_t>(kMaxHosts)) {
     return invalid_argument("--hosts: " + std::to_string(options.hosts.size()) +

@@ -65,12 +65,17 @@ std::vector<EnvVar> slurm_environment(const LaunchOptions& options, bool plugin,
     env.emplace_back("DEW_COORDINATOR_ADDRESS", host_port(host, std::to_string(port)));
   }
   std::optional<std::string> flags = xla_flags;
+  bool own_bound = false;
   for (const auto& entry : options.env) {
     if (entry.rfind("XLA_FLAGS=", 0) == 0) flags = entry.substr(10);
+    own_bound = own_bound || entry.rfind("DEW_WATCHDOG=", 0) == 0;
   }
-  if (auto merged = merge_xla_flags(flags, options.watchdog.value_or(kDefaultWatchdog))) {
-    env.emplace_back("XLA_FLAGS", *merged);
-  }
+  const Watchdog watchdog = options.watchdog.value_or(kDefaultWatchdog);
+  if (auto merged = merge_xla_flags(flags, watchdog)) env.emplace_back("XLA_FLAGS", *merged);
+  // The bound for libdew's StepWatchdog, dew worker and Python too, as the
+  // plugin's --dew-watchdog and a local launch give it (before, only XLA's
+  // flag: `--watchdog 2h` left them at 30 min).
+  if (!own_bound) env.emplace_back("DEW_WATCHDOG", watchdog ? format_duration(*watchdog) : "off");
   return env;
 }
 

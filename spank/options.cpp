@@ -5,14 +5,14 @@
 #include <limits>
 #include <set>
 
+#include "dew/coordinator_port.h"
+#include "dew/gpu_binding.h"
 #include "dew/text.h"
 #include "pool_plan.h"
 
 namespace dew::spank {
 namespace {
 
-constexpr unsigned kMaxDevicesPerProcess = 1024;
-constexpr std::uint16_t kLowestPort = 1024;
 constexpr std::string_view kPortAllowed = "an integer from 1024 to 65535";
 
 }  // namespace

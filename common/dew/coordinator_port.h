@@ -9,6 +9,10 @@ namespace dew {
 
 // Ports a coordinator may take; the default stays below Linux's ephemeral
 // range (32768-60999), so no client's outgoing connection holds one.
+// The lowest port any launcher gives a coordinator (the plugin's --dew-port
+// and port ranges, dew launch --port): the ports below need root.
+inline constexpr std::uint16_t kLowestPort = 1024;
+
 struct PortRange {
   std::uint16_t low = 20000;
   std::uint16_t high = 29999;

@@ -10,6 +10,10 @@
 
 namespace dew {
 
+// The most devices one process may own, under every launcher (srun
+// --dew-devices-per-process, dew launch --devices-per-process).
+inline constexpr unsigned kMaxDevicesPerProcess = 1024;
+
 struct GpuBindingInput {
   // CUDA_VISIBLE_DEVICES as the node gives it (Slurm's for the step, or
   // inherited); nullopt when unset. Tokens (indices or UUIDs) are opaque.

@@ -24,7 +24,6 @@ namespace dew::launch {
 
 // The limits the options are checked against.
 inline constexpr int kMaxProcessesPerHost = 1024;
-inline constexpr int kMaxDevicesPerProcess = 1024;
 inline constexpr int kMaxHosts = 4096;
 
 // The host name that runs its processes directly, without ssh.

@@ -128,8 +128,8 @@ TEST(LaunchSlurm, WithoutThePluginSrunRunsPlainAndDevicesPerProcessIsRefused) {
   auto dry = cluster().command({dew_exe(), "launch", "--slurm", "--dry-run", "--", "/bin/true"}, env, 60s);
   EXPECT_EQ(dry.out,
             "slurm: env DEW_LINES_PREFIXED=1 'DEW_POOL_SECRET=<64 hex digits, drawn at launch>' "
-            "XLA_FLAGS=--xla_gpu_execution_terminate_timeout=30m srun --ntasks-per-node=1 --kill-on-bad-exit=1 "
-            "--export=ALL --label /bin/true\n");
+            "XLA_FLAGS=--xla_gpu_execution_terminate_timeout=30m DEW_WATCHDOG=30m srun --ntasks-per-node=1 "
+            "--kill-on-bad-exit=1 --export=ALL --label /bin/true\n");
 }
 
 TEST(LaunchSlurm, WithoutThePluginTheLauncherGivesThePoolItsSecretAndCoordinator) {

@@ -94,7 +94,11 @@ TEST(LaunchOptions, ValidateNamesTheOptionAndTheLimits) {
   EXPECT_EQ(message(o), "--devices-per-process: '2000' is not allowed; allowed: a whole number from 1 to 1024");
   o.devices_per_process = 2;
   o.port = 70000;
-  EXPECT_EQ(message(o), "--port: '70000' is not allowed; allowed: a whole number from 1 to 65535");
+  EXPECT_EQ(message(o), "--port: '70000' is not allowed; allowed: a whole number from 1024 to 65535");
+  // The plugin's floor too (srun --dew-port): `--slurm --port 80` used to
+  // pass the launcher and be refused by srun.
+  o.port = 80;
+  EXPECT_EQ(message(o), "--port: '80' is not allowed; allowed: a whole number from 1024 to 65535");
   o.port = 29500;
   o.hosts = {"a", "-oProxyCommand=x"};
   EXPECT_THAT(message(o), StartsWith("--hosts: '-oProxyCommand=x' is not allowed; allowed: a host name"));

@@ -75,6 +75,7 @@ TEST(Slurm, WithoutThePluginTheLauncherGivesWhatThePluginWould) {
   auto env = as_map(slurm_environment(o, false, secret, "n1", 21000, std::nullopt));
   EXPECT_EQ(env["DEW_POOL_SECRET"], secret);
   EXPECT_EQ(env["XLA_FLAGS"], "--xla_gpu_execution_terminate_timeout=30m");
+  EXPECT_EQ(env["DEW_WATCHDOG"], "30m");
   EXPECT_EQ(env.count("DEW_COORDINATOR_ADDRESS"), 0u);
   // --port alone: the allocation's first node; --coordinator alone: a drawn port.
   o.port = 23456;
@@ -92,7 +93,15 @@ TEST(Slurm, WithoutThePluginTheLauncherGivesWhatThePluginWould) {
   EXPECT_EQ(as_map(slurm_environment(o, false, secret, "n1", 21000, std::nullopt)).count("XLA_FLAGS"), 0u);
   o.env.clear();
   o.watchdog = Watchdog(std::nullopt);
-  EXPECT_EQ(as_map(slurm_environment(o, false, secret, "n1", 21000, std::nullopt)).count("XLA_FLAGS"), 0u);
+  env = as_map(slurm_environment(o, false, secret, "n1", 21000, std::nullopt));
+  EXPECT_EQ(env.count("XLA_FLAGS"), 0u);
+  EXPECT_EQ(env["DEW_WATCHDOG"], "off");
+  // --watchdog 2h reaches StepWatchdog and dew worker, not XLA's flag alone;
+  // a user's own DEW_WATCHDOG stands.
+  o.watchdog = Watchdog(std::chrono::hours(2));
+  EXPECT_EQ(as_map(slurm_environment(o, false, secret, "n1", 21000, std::nullopt))["DEW_WATCHDOG"], "2h");
+  o.env = {"DEW_WATCHDOG=5m"};
+  EXPECT_EQ(as_map(slurm_environment(o, false, secret, "n1", 21000, std::nullopt)).count("DEW_WATCHDOG"), 0u);
 }
 
 TEST(HostQuery, AGivenPortIsCheckedFreeOnTheHost) {
