@@ -56,6 +56,12 @@ bool files_in_collective(const std::vector<std::string>& files);
 // only); stop_signal_seen() is the first such signal, or 0.
 void arm_stop_request();
 int stop_signal_seen();
+// From the join on, Slurm's warning (SIGUSR1, whose default ends the
+// process) marks a stop too, unless the script set its own handler: a
+// warning that came between the join and the first stop_requested() ended
+// every rank and the job was lost (slurmctld sends it when its periodic look
+// finds it due, as early as the start of a job with a short limit).
+void take_the_warning_from_now();
 
 void bind_pool(pybind11::module_& m);
 void bind_failure(pybind11::module_& m);

@@ -149,6 +149,7 @@ runtime::Pool& prepare_process(std::optional<bool> multi_host, std::optional<dou
   // as soon as it is heard, even inside C code (unless the user set a grace).
   options.failure_grace_fallback = std::chrono::milliseconds(1);
   add_xla_watchdog();
+  take_the_warning_from_now();
   try {
     pool = std::make_unique<runtime::Pool>(interruptible<runtime::Pool>([options] { return runtime::join(options); }));
   } catch (const runtime::PoolError& e) {
@@ -304,9 +305,10 @@ void bind_pool(py::module_& m) {
           },
           "An agreed stop for time limits and preemption: True on every process at the same call once any process "
           "got SIGTERM (scancel, a preemption, the time limit) or SIGUSR1 (Slurm's --signal=USR1@SECONDS warning) "
-          "since the first call. Call it at the same point of every step on every process (one all_gather of a "
-          "byte); when it is True, save a checkpoint and return. The first call (on the main thread) arms it: from "
-          "then on those signals no longer end the script.")
+          "since the first call (SIGUSR1 since prepare_process(), unless the script set its own handler). Call it at "
+          "the same point of every step on every process (one all_gather of a byte); when it is True, save a "
+          "checkpoint and return. The first call (on the main thread) arms it: from then on those signals no longer "
+          "end the script.")
       .def(
           "put",
           [](runtime::Pool& p, const std::string& key, const py::bytes& value) {

@@ -20,23 +20,38 @@ namespace {
 std::atomic<int> g_stop_signal{0};
 bool g_armed = false;  // under the GIL
 
-}  // namespace
-
-void arm_stop_request() {
-  if (g_armed) return;
-  py::module_ signal = py::module_::import("signal");
+bool on_main_thread() {
   py::module_ threading = py::module_::import("threading");
-  if (!threading.attr("current_thread")().is(threading.attr("main_thread")())) {
-    throw py::value_error("stop_requested() must first be called on the main thread (Python takes signals there)");
-  }
-  const auto mark = py::cpp_function([](int signum, const py::object&) {
+  return threading.attr("current_thread")().is(threading.attr("main_thread")());
+}
+
+py::cpp_function stop_mark() {
+  return py::cpp_function([](int signum, const py::object&) {
     // A pool that is failing ends this process by itself, with its own code.
     if (pool_is_ending() || g_stop_signal.exchange(signum) != 0) return;
     log_info(std::string("got signal ") + std::to_string(signum) + " (SIG" + sigabbrev_np(signum) +
              "): every process stops at its next stop_requested() (Pool.stop_requested)");
   });
-  for (const char* name : {"SIGTERM", "SIGUSR1"}) signal.attr("signal")(signal.attr(name), mark);
+}
+
+}  // namespace
+
+void arm_stop_request() {
+  if (g_armed) return;
+  if (!on_main_thread()) {
+    throw py::value_error("stop_requested() must first be called on the main thread (Python takes signals there)");
+  }
+  py::module_ signal = py::module_::import("signal");
+  for (const char* name : {"SIGTERM", "SIGUSR1"}) signal.attr("signal")(signal.attr(name), stop_mark());
   g_armed = true;
+}
+
+void take_the_warning_from_now() {
+  if (g_armed || !on_main_thread()) return;
+  py::module_ signal = py::module_::import("signal");
+  const py::object usr1 = signal.attr("SIGUSR1");
+  if (!signal.attr("getsignal")(usr1).equal(signal.attr("SIG_DFL"))) return;  // the script's own handler
+  signal.attr("signal")(usr1, stop_mark());
 }
 
 int stop_signal_seen() { return g_stop_signal.load(); }

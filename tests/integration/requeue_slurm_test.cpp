@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -23,6 +24,7 @@ namespace dew::testing {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using namespace std::chrono_literals;
 
 // 40 steps of about 0.1 s on 8 devices (a checkpoint every 5 under the
@@ -60,6 +62,34 @@ bool wait_until_gone(const std::string& job, std::chrono::seconds limit) {
     std::this_thread::sleep_for(200ms);
   }
   return false;
+}
+
+// The losses a tests/python/torch_ddp.py run wrote (--out); none when it
+// wrote no file.
+std::vector<double> torch_losses(const std::string& path) {
+  std::ifstream in(path);
+  return in ? nlohmann::json::parse(in).at("losses").get<std::vector<double>>() : std::vector<double>{};
+}
+
+// N of every "<prefix>N" line of a torch_ddp.py job's output, in order
+// ("SAVED before step ", "RESUMED at step ").
+std::vector<int> steps_said(const std::string& text, const std::string& prefix) {
+  const std::regex said(prefix + "([0-9]+)");
+  std::vector<int> steps;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), said); it != std::sregex_iterator(); ++it) {
+    steps.push_back(std::stoi((*it)[1]));
+  }
+  return steps;
+}
+
+// Every save, then each of the 4 ranks resuming from it, in order.
+void expect_each_save_resumed_by_every_rank(const std::string& text, std::size_t saves_expected_at_least) {
+  const auto saves = steps_said(text, "SAVED before step ");
+  ASSERT_GE(saves.size(), saves_expected_at_least) << text;
+  EXPECT_TRUE(std::is_sorted(saves.begin(), saves.end())) << text;
+  std::vector<int> each_rank_resumed;
+  for (const int save : saves) each_rank_resumed.insert(each_rank_resumed.end(), 4, save);
+  EXPECT_EQ(steps_said(text, "RESUMED at step "), each_rank_resumed) << text;
 }
 
 // Stops (SIGSTOP) the `dew` processes of `job`: a start frozen past its
@@ -208,29 +238,89 @@ TEST(RequeueSlurm, APythonScriptStopsAtOneStepOnRequeueTheTimeLimitsWarningAndPr
   EXPECT_THAT(read_text(dir + "/urgent.out"), HasSubstr("the urgent job ran"));
   // The three stops: every rank at the same stop_requested(), one save each.
   EXPECT_EQ(occurrences(text, "stopping at this stop_requested(), with every process"), 12) << text;
-  const std::regex saved("SAVED before step ([0-9]+)"), resumed("RESUMED at step ([0-9]+)");
-  std::vector<int> saves, resumes;
-  for (auto it = std::sregex_iterator(text.begin(), text.end(), saved); it != std::sregex_iterator(); ++it) {
-    saves.push_back(std::stoi((*it)[1]));
-  }
-  for (auto it = std::sregex_iterator(text.begin(), text.end(), resumed); it != std::sregex_iterator(); ++it) {
-    resumes.push_back(std::stoi((*it)[1]));
-  }
+  const auto saves = steps_said(text, "SAVED before step ");
   ASSERT_EQ(saves.size(), 3u) << text;
   EXPECT_LT(saves[0], saves[1]);
   EXPECT_LT(saves[1], saves[2]);
   EXPECT_LT(saves[2], 30);
-  std::vector<int> each_rank_resumed;
-  for (const int save : saves) each_rank_resumed.insert(each_rank_resumed.end(), 4, save);
-  EXPECT_EQ(resumes, each_rank_resumed) << text;
-  const auto losses = [](const std::string& path) {
-    std::ifstream in(path);
-    return in ? nlohmann::json::parse(in).at("losses").get<std::vector<double>>() : std::vector<double>{};
-  };
-  const auto want = losses(dir + "/reference.json");
-  const auto got = losses(dir + "/resumed.json");
+  expect_each_save_resumed_by_every_rank(text, 3);
+  const auto want = torch_losses(dir + "/reference.json");
+  const auto got = torch_losses(dir + "/resumed.json");
   ASSERT_EQ(got.size(), 30u) << text;
   EXPECT_LE(loss_gap(got, want), 1e-6) << text;
+}
+
+// The warning before the tasks could take it (a program that SIGUSR1 ends:
+// a Python script before dew.prepare_process()): srun exits 138, and the
+// batch script still requeues the job, whose next start resumes from the
+// last checkpoint; it used to end the job for good.
+TEST(RequeueSlurm, AWarningThatEndedTheTasksBeforeTheyCouldTakeItStillRequeuesTheJob) {
+  const std::string output = cluster().dir() + "/warned-early.out";
+  std::filesystem::remove(output);
+  const auto submitted =
+      cluster().command({"sbatch", "--parsable", "--output=" + output,
+                         SlurmCluster::source_root() + "/scripts/sbatch/python-requeue.sbatch", "/bin/sleep", "300"},
+                        {}, 30s);
+  ASSERT_EQ(submitted.exit_code, 0) << describe(submitted);
+  const std::string job = submitted.out.substr(0, submitted.out.find_first_of(";\n"));
+  const auto wait_for = [&](const std::string& text) {
+    for (auto until = std::chrono::steady_clock::now() + 60s; std::chrono::steady_clock::now() < until;) {
+      if (read_text(output).find(text) != std::string::npos) return true;
+      std::this_thread::sleep_for(100ms);
+    }
+    return false;
+  };
+  ASSERT_TRUE(wait_for("dew-requeue: start 1 of job")) << read_text(output);
+  std::this_thread::sleep_for(1s);  // srun's tasks running
+  ASSERT_EQ(cluster().command({"scancel", "--signal=USR1", "--batch", job}, {}, 30s).exit_code, 0);
+  const bool started_again = wait_for("dew-requeue: start 2 of job");
+  cluster().command({"scancel", job}, {}, 30s);
+  wait_until_gone(job, 60s);
+  EXPECT_TRUE(started_again) << read_text(output);
+  EXPECT_THAT(read_text(output), HasSubstr("dew-requeue: the warning came before the tasks could take it (SIGUSR1 "
+                                           "ended them): requeueing job " +
+                                           job));
+}
+
+// The same job under a real time limit: one minute, with Slurm's own warning
+// 50 s before it (sbatch --time=1 --signal=B:USR1@50 on top of the
+// template's @90). slurmctld sends it when its periodic look finds the time
+// due (19-25 s into each start here); the script passes it on, every rank
+// stops at one step, rank 0 saves, the script requeues the job, and the
+// next start resumes, until the 100 steps (0.4 s each) are done: two or
+// three starts, about 100 s. Never ended by the time limit itself; the
+// losses equal an uninterrupted run's.
+TEST(RequeueSlurm, APythonScriptWarnedBySlurmBeforeItsTimeLimitStopsAtOneStepAndResumesUntilDone) {
+  const char* module = std::getenv("DEW_PYTHON_MODULE_DIR");
+  if (module == nullptr || *module == '\0') GTEST_SKIP() << "the dew Python module is not built";
+  if (run({"/usr/bin/python3", "-c", "import torch"}).exit_code != 0) GTEST_SKIP() << "python3-torch is missing";
+  const std::string dir = cluster().dir() + "/python-time-limit";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir + "/checkpoint");
+  const std::string script = SlurmCluster::source_root() + "/tests/python/torch_ddp.py";
+  const std::map<std::string, std::string> env = {{"PYTHONPATH", module}};
+  const auto ran = cluster().srun({"--dew-pool", "-N2", "--ntasks-per-node=2", "/usr/bin/python3", script, "--dew",
+                                   "--steps", "100", "--out", dir + "/reference.json"},
+                                  env, 120s);
+  ASSERT_EQ(ran.exit_code, 0) << describe(ran);
+  const std::string output = dir + "/job.out";
+  const auto submitted = cluster().command(
+      {"sbatch", "--parsable", "--time=1", "--signal=B:USR1@50", "--output=" + output,
+       SlurmCluster::source_root() + "/scripts/sbatch/python-requeue.sbatch", "/usr/bin/python3", script, "--dew",
+       "--steps", "100", "--step-sleep", "0.4", "--checkpoint", dir + "/checkpoint", "--out", dir + "/resumed.json"},
+      env, 30s);
+  ASSERT_EQ(submitted.exit_code, 0) << describe(submitted);
+  const std::string job = submitted.out.substr(0, submitted.out.find_first_of(";\n"));
+  ASSERT_TRUE(wait_until_gone(job, 300s)) << read_text(output);
+
+  const std::string text = read_text(output);
+  EXPECT_GE(occurrences(text, "dew-requeue: the time limit is near: asking every task to stop"), 1) << text;
+  EXPECT_GE(occurrences(text, "dew-requeue: every task saved and returned: requeueing job " + job), 1) << text;
+  EXPECT_THAT(text, Not(HasSubstr("DUE TO TIME LIMIT"))) << text;
+  expect_each_save_resumed_by_every_rank(text, 1);
+  const auto got = torch_losses(dir + "/resumed.json");
+  ASSERT_EQ(got.size(), 100u) << text;
+  EXPECT_LE(loss_gap(got, torch_losses(dir + "/reference.json")), 1e-6) << text;
 }
 
 }  // namespace

@@ -206,6 +206,26 @@ class TorchDdp(unittest.TestCase):
                 self.assertIn(f"[0] RESUMED at step {saved.group(1)}", again.stdout)
                 self.check_against_one_process(out, 4)
 
+    def test_slurms_warning_before_the_first_stop_requested_is_kept_for_it(self):
+        # Slurm sends its time-limit warning when its periodic look finds it
+        # due: with a short limit, before the script's first step. From
+        # prepare_process() on it marks a stop (it used to end the rank by
+        # SIGUSR1's default, and the job with it); the first stop_requested()
+        # stops every rank.
+        where = tempfile.mkdtemp(dir=self.dir)
+        argv = [DEW, "launch", "--processes-per-host", "4", "--", PYTHON, DDP, "--dew", "--checkpoint", where,
+                "--out", os.path.join(where, "losses.json")]
+        first = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for line in first.stdout:
+            match = re.match(r"\[2\] PID (\d+)", line)
+            if match:
+                os.kill(int(match.group(1)), signal.SIGUSR1)
+                break
+        rest, err = first.communicate(timeout=60)
+        self.assertEqual(first.returncode, 0, err)
+        self.assertIn("[0] SAVED before step 1", rest, err)
+        self.assertIn("[2] got signal 10 (SIGUSR1): every process stops", err)
+
     def test_a_rank_ending_by_sys_exit_or_a_signal_mid_ddp_is_named_with_its_own_code(self):
         # Its peers wait in DDP's all-reduce (gloo), not in a pool call.
         # sys.exit(3) named rank 0 before, by the traceback of the gloo error
