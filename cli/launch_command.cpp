@@ -188,6 +188,9 @@ int run_launch(LaunchArgs& args) {
   if (!secret.ok() || !private_id.ok()) return fail(Stop{(secret.ok() ? private_id : secret).error().message});
   // A dry run shows a placeholder: a live secret is never printed.
   facts.secret = args.dry_run ? std::string(launch::kSecretPlaceholder) : secret.value();
+  auto tag = random_hex(8);
+  if (!tag.ok()) return fail(Stop{tag.error().message});
+  facts.notice_tag = args.dry_run ? std::string(launch::kNoticeTagPlaceholder) : tag.value();
   if (const char* flags = std::getenv("XLA_FLAGS")) facts.xla_flags = flags;
   facts.inherited_task_variables = inherited_task_variables();
   for (const char* name : launch::kForwardedToRemoteHosts) {
@@ -213,7 +216,7 @@ int run_launch(LaunchArgs& args) {
         2});
   }
   if (o.private_dirs) log_info("private directories: " + facts.private_root + "/<rank>/{work,home,cache} on each host");
-  launch::Supervisor supervisor(std::chrono::duration_cast<std::chrono::milliseconds>(kGrace));
+  launch::Supervisor supervisor(std::chrono::duration_cast<std::chrono::milliseconds>(kGrace), facts.notice_tag);
   if (auto stop = start_all(plan.value(), facts.secret, held, supervisor)) {
     log_error(stop->line + "; stopping the other processes");
     supervisor.stop();

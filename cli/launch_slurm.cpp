@@ -27,8 +27,8 @@ constexpr auto kSrunGrace = timings::kSrunStopGrace;
 // What srun's environment gets besides --env (launch::slurm_environment):
 // a fresh secret (a placeholder in a dry run), the allocation's first node
 // and a drawn port for a coordinator given in part.
-Result<std::vector<launch::EnvVar>> slurm_env_additions(const launch::LaunchOptions& options, bool plugin,
-                                                        bool dry_run) {
+Result<std::vector<launch::EnvVar>> slurm_env_additions(const launch::LaunchOptions& options, bool plugin, bool dry_run,
+                                                        const std::string& notice_tag) {
   std::string secret(launch::kSecretPlaceholder);
   if (!dry_run && !plugin) {
     auto drawn = random_hex(32);
@@ -43,7 +43,7 @@ Result<std::vector<launch::EnvVar>> slurm_env_additions(const launch::LaunchOpti
   if (!random.ok()) return random.error();
   std::optional<std::string> xla_flags;
   if (const char* flags = std::getenv("XLA_FLAGS")) xla_flags = flags;
-  return launch::slurm_environment(options, plugin, secret, first_node,
+  return launch::slurm_environment(options, plugin, secret, notice_tag, first_node,
                                    port_from_random(random.value(), launch::kPortRange), xla_flags);
 }
 
@@ -66,7 +66,13 @@ int run_slurm(const launch::LaunchOptions& options, const std::vector<launch::En
     log_error(argv.error().message);
     return 2;
   }
-  const auto added = slurm_env_additions(options, plugin, dry_run);
+  auto drawn_tag = random_hex(8);
+  if (!drawn_tag.ok()) {
+    log_error(drawn_tag.error().message);
+    return 1;
+  }
+  const std::string notice_tag = dry_run ? std::string(launch::kNoticeTagPlaceholder) : drawn_tag.value();
+  const auto added = slurm_env_additions(options, plugin, dry_run, notice_tag);
   if (!added.ok()) {
     log_error(added.error().message);
     return 1;
@@ -86,7 +92,7 @@ int run_slurm(const launch::LaunchOptions& options, const std::vector<launch::En
     launch::write_all(1, "slurm: " + launch::display_words(words) + "\n");
     return 0;
   }
-  launch::Supervisor supervisor(std::chrono::duration_cast<std::chrono::milliseconds>(kSrunGrace));
+  launch::Supervisor supervisor(std::chrono::duration_cast<std::chrono::milliseconds>(kSrunGrace), notice_tag);
   SpawnOptions srun_options;
   srun_options.argv = argv.value();
   srun_options.env = env_changes(all_env);

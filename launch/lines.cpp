@@ -74,34 +74,6 @@ std::size_t pick_failure(const std::vector<std::pair<int, int>>& failures) {
   return best;
 }
 
-std::optional<PeerBlame> peer_blame(std::string_view line) {
-  // The plugin's line, said by srun for the step ("srun: error: dew: rank 1
-  // ended with exit code 3; ending step ...") or by a node srun did not
-  // answer ("slurmstepd-n1: error: dew: rank 1 ..."): its rank failed on its own.
-  constexpr std::string_view kPlugin = "error: dew: rank ";
-  if (const auto plugin = line.find(kPlugin);
-      plugin != std::string_view::npos && (line.starts_with("slurmstepd-") || line.starts_with("srun: "))) {
-    const auto from = plugin + kPlugin.size();
-    const auto digits = line.find_first_not_of("0123456789", from);
-    const auto rank =
-        digits == std::string_view::npos ? std::nullopt : parse_whole<int>(line.substr(from, digits - from));
-    if (rank && line.substr(digits, 12) == " ended with ")
-      return PeerBlame{*rank, std::string(line.substr(digits + 1))};
-    return std::nullopt;
-  }
-  constexpr std::string_view kStart = "ending: process ";
-  std::size_t at = line.find(kStart);
-  if (at == std::string_view::npos) return std::nullopt;
-  // Only at the start of the line or right after a "[rank] " prefix.
-  if (at != 0 && !(at >= 2 && line.substr(at - 2, 2) == "] " && line[0] == '[')) return std::nullopt;
-  at += kStart.size();
-  const std::size_t digits = line.find_first_not_of("0123456789", at);
-  if (digits == at || digits == std::string_view::npos || line.substr(digits, 9) != " failed: ") return std::nullopt;
-  const auto rank = parse_whole<int>(line.substr(at, digits - at));
-  if (!rank) return std::nullopt;
-  return PeerBlame{*rank, std::string(line.substr(digits + 9))};
-}
-
 namespace {
 
 // "0,2-3" -> {0, 2, 3}; nullopt for anything else (or more than 100000 tasks).

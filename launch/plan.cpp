@@ -7,6 +7,7 @@
 #include <cstring>
 #include <set>
 
+#include "dew/failure_record.h"
 #include "dew/gpu_binding.h"
 #include "dew/launch_plan.h"
 #include "dew/text.h"
@@ -269,7 +270,9 @@ Result<LaunchPlan> plan_launch(const LaunchOptions& options, const std::vector<E
                {"DEW_POOL_SECRET", facts.secret},
                // The launcher puts "[rank] " before every line: libdew then
                // leaves its own prefix off.
-               {"DEW_LINES_PREFIXED", "1"}};
+               {"DEW_LINES_PREFIXED", "1"},
+               // The records of failures the launcher decides blame from.
+               {kNoticeTagVariable, facts.notice_tag}};
       // torchrun's contract and JAX's address, at a port of their own.
       const FrameworkPlace place{static_cast<std::uint32_t>(p.rank),
                                  static_cast<std::uint32_t>(count),

@@ -3,6 +3,7 @@
 #include <cctype>
 #include <cstring>
 
+#include "dew/failure_record.h"
 #include "dew/launch_plan.h"
 #include "dew/text.h"
 
@@ -52,11 +53,11 @@ Result<std::vector<std::string>> srun_command(const LaunchOptions& options, bool
 }
 
 std::vector<EnvVar> slurm_environment(const LaunchOptions& options, bool plugin, const std::string& secret,
-                                      const std::optional<std::string>& first_node, std::uint16_t drawn_port,
-                                      const std::optional<std::string>& xla_flags) {
+                                      const std::string& notice_tag, const std::optional<std::string>& first_node,
+                                      std::uint16_t drawn_port, const std::optional<std::string>& xla_flags) {
   // srun --label puts "N: " before each line, which the launcher turns into
   // "[N] ": libdew leaves its own prefix off.
-  std::vector<EnvVar> env{{"DEW_LINES_PREFIXED", "1"}};
+  std::vector<EnvVar> env{{"DEW_LINES_PREFIXED", "1"}, {kNoticeTagVariable, notice_tag}};
   if (plugin) return env;
   env.emplace_back("DEW_POOL_SECRET", secret);
   if (!options.coordinator.empty() || options.port) {

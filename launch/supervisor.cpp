@@ -11,8 +11,10 @@
 #include <cstring>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "dew/exit_status.h"
+#include "dew/failure_record.h"
 #include "dew/log.h"
 
 namespace dew::launch {
@@ -56,7 +58,8 @@ std::string ssh_hint(const std::string& host) {
   return "passwordless ssh must work: check that `ssh -o BatchMode=yes -- " + shell_quote(host) + " true` succeeds";
 }
 
-Supervisor::Supervisor(std::chrono::milliseconds grace) : grace_(grace) {
+Supervisor::Supervisor(std::chrono::milliseconds grace, std::string notice_tag)
+    : grace_(grace), notice_tag_(std::move(notice_tag)) {
   sigset_t set;
   sigemptyset(&set);
   for (const int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, s);
@@ -141,18 +144,19 @@ int Supervisor::open_streams() const {
 }
 
 void Supervisor::emit(const Running& p, bool err, const std::string& line) {
+  // A failure record is for the launcher, not the terminal: the line for
+  // people is beside it. Blame comes from records alone, never from the
+  // wording of a line (a program may print anything).
+  if (auto record = decode_failure_record(notice_tag_, line)) {
+    if (!blame_) blame_ = PeerBlame{record->rank, record->why};
+    return;
+  }
   note_line(p, line);
   write_all(err ? 2 : 1, p.rank < 0 ? relabel_srun_line(line) : rank_line(p.rank, line));
 }
 
-// What the lines say about the failure: which process a pool's peers (or,
-// under srun, the plugin) named, and how srun says its tasks ended.
+// How srun says its tasks ended (Slurm's own lines).
 void Supervisor::note_line(const Running& p, const std::string& line) {
-  if (!blame_) {
-    std::string text = p.rank < 0 ? relabel_srun_line(line) : line;
-    if (p.rank < 0) text.pop_back();  // relabel_srun_line's newline
-    blame_ = peer_blame(text);
-  }
   if (p.rank < 0) {
     if (auto end = srun_task_end(line)) srun_ends_.push_back(std::move(*end));
   }

@@ -12,6 +12,7 @@
 #include "dew/log.h"
 #include "dew/text.h"
 #include "handshake.h"
+#include "silence_verdict.h"
 #include "wait_reporter.h"
 #include "wire.h"
 
@@ -80,21 +81,27 @@ Result<tcp::socket> connect_with_retries(asio::io_context& io, const ClientConfi
 template <typename Read>
 handshake::Reading read_until_conclusive(int fd, std::string& buffer, const ClientConfig& config,
                                          WaitReporter& reporter, std::string& error, Read read) {
+  constexpr auto kLook = std::chrono::seconds(1);
+  const auto bound = handshake_silence_bound(config.heartbeat_timeout, config.size);
   auto heard = Clock::now();
+  auto last_look = heard;
   for (;;) {
     auto reading = read(std::string_view(buffer));
     if (reading.heard != handshake::Heard::kNeedMore) return reading;
-    const auto left = config.join_deadline - Clock::now();
+    const auto now = Clock::now();
+    const auto left = config.join_deadline - now;
     if (left <= Clock::duration::zero()) {
       error = "timed out";
       return reading;
     }
-    if (Clock::now() - heard > config.heartbeat_timeout) {
+    // Bytes are read as soon as they come (nothing waits unread here).
+    if (lost_for_silence(SilenceFacts{now - heard, now - last_look, kLook, bound, 0})) {
       error = "silent";
       return reading;
     }
+    last_look = now;
     pollfd ready{fd, POLLIN, 0};
-    const auto wait = std::min<Clock::duration>(left, std::chrono::seconds(1));
+    const auto wait = std::min<Clock::duration>(left, kLook);
     const int polled = ::poll(&ready, 1, static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(wait).count()));
     if (polled < 0 && errno != EINTR) {
       error = std::string("poll failed: ") + std::strerror(errno);
@@ -139,8 +146,11 @@ Error handshake_error(const handshake::Reading& reading, const std::string& buff
   const std::string heard = handshake::describe_heard(buffer);
   if (error == "silent") {
     return unavailable("process 0 stopped answering during the join: the coordination service at " + where +
-                       " accepted the connection, then said nothing for " + seconds_of(config.heartbeat_timeout) +
-                       " (DEW_HEARTBEAT_TIMEOUT_SECONDS; process 0 stopped or frozen); heard " + heard);
+                       " accepted the connection, then said nothing for " +
+                       seconds_of(handshake_silence_bound(config.heartbeat_timeout, config.size)) +
+                       " (DEW_HEARTBEAT_TIMEOUT_SECONDS and 10 ms a process of the pool; process 0 stopped or "
+                       "frozen); heard " +
+                       heard);
   }
   if (error == "timed out") {
     return timeout_error("the coordinator at " + where +

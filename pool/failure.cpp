@@ -12,6 +12,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -19,6 +20,7 @@
 #include <mutex>
 #include <thread>
 
+#include "dew/failure_record.h"
 #include "dew/failure_timings.h"
 #include "dew/log.h"
 #include "dew/text.h"
@@ -201,6 +203,20 @@ void Pool::State::start_watch() {
   });
 }
 
+namespace {
+
+// The record of the failure for the launcher (dew/failure_record.h), on
+// stderr beside the line for people, when a Dew launcher asked for it.
+void say_failure_record(const FailureRecord& record) {
+  const char* tag = std::getenv(kNoticeTagVariable);
+  if (tag == nullptr || *tag == '\0') return;
+  const std::string line = encode_failure_record(tag, record) + "\n";
+  std::fflush(stderr);
+  [[maybe_unused]] const auto written = ::write(STDERR_FILENO, line.data(), line.size());
+}
+
+}  // namespace
+
 void Pool::State::end_for_peer(const PeerFailure& failed) {
   if (failing.load() || ending.exchange(true)) wait_for_the_end();
   // A peer stopped from outside (stopped_by_signal) did not fail: said as a stop.
@@ -208,6 +224,7 @@ void Pool::State::end_for_peer(const PeerFailure& failed) {
     log_info("ending: process " + std::to_string(failed.rank) + " was " + failed.message);
   } else {
     log_error("ending: process " + std::to_string(failed.rank) + " failed: " + failed.message);
+    say_failure_record(FailureRecord{failed.rank, failed.message});
   }
   run_before_exit(settings.exit_bound, kPeerFailedExitCode);
   // Process 0's service dies with it: let the failure reach everyone first.

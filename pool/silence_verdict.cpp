@@ -8,4 +8,9 @@ bool lost_for_silence(const SilenceFacts& facts) {
   return facts.bytes_unread == 0;
 }
 
+std::chrono::steady_clock::duration handshake_silence_bound(std::chrono::milliseconds heartbeat_timeout,
+                                                            int pool_size) {
+  return heartbeat_timeout + std::chrono::milliseconds(10) * (pool_size > 0 ? pool_size : 1);
+}
+
 }  // namespace dew::runtime

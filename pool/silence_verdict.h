@@ -24,4 +24,12 @@ struct SilenceFacts {
 // the peer spoke and this process has not read it yet.
 bool lost_for_silence(const SilenceFacts& facts);
 
+// How long a joining process waits for process 0's service to answer its
+// hello before it counts process 0 as stopped: the heartbeat timeout, and
+// 10 ms more for each process of the pool. The service answers the hellos
+// one at a time on one thread; 1,024 processes joining on a loaded machine
+// (two cores, a load of 400) kept some waiting over 10 s for a service
+// that was only busy.
+std::chrono::steady_clock::duration handshake_silence_bound(std::chrono::milliseconds heartbeat_timeout, int pool_size);
+
 }  // namespace dew::runtime

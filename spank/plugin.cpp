@@ -39,6 +39,7 @@ extern const unsigned int plugin_version = SLURM_VERSION_NUMBER;
 extern const unsigned int spank_plugin_version = 0;
 }
 
+#include "dew/failure_record.h"
 #include "dew/slurm_step.h"
 #include "dew/text.h"
 #include "node_lookup.h"
@@ -377,6 +378,7 @@ int task_exit(spank_t sp) {
     slurm_info("dew: %s (said to srun)", end.line.c_str());
   } else {
     slurm_error("dew: %s", end.line.c_str());
+    say_failure_record(task_getenv(sp, kNoticeTagVariable), rank, end.line);
     // Give slurmstepd's I/O thread a moment to forward the line to srun
     // before the end of the step tears its I/O down: without the pause 4
     // lines in 10 were lost here; with 100 ms none in 30.

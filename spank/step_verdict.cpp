@@ -95,6 +95,7 @@ std::optional<StepVerdict::Lines> StepVerdict::say() {
                    [](const FailureNotice& a, const FailureNotice& b) { return a.ended_at_us < b.ended_at_us; });
   first_ = notices_.front();
   Lines lines;
+  lines.rank = first_->rank;
   lines.verdict = first_->line + "; node " + first_->node;
   if (notices_.size() > 1) {
     lines.verdict +=

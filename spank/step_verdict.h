@@ -51,6 +51,7 @@ Result<FailureNotice> decode_failure_notice(std::string_view text, std::uint32_t
 class StepVerdict {
  public:
   struct Lines {
+    std::uint32_t rank = 0;          // the rank named
     std::string verdict;             // the step's failure, for srun's stderr
     std::vector<std::string> after;  // the others, for srun -v
   };

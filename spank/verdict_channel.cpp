@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <optional>
 #include <vector>
 
@@ -16,9 +17,18 @@ extern "C" {
 #include <slurm/spank.h>
 }
 
+#include "dew/failure_record.h"
 #include "step_verdict.h"
 
 namespace dew::spank {
+
+void say_failure_record(const std::optional<std::string>& tag, std::uint32_t rank, const std::string& line) {
+  if (!tag || tag->empty()) return;
+  const std::string said = "rank " + std::to_string(rank) + " ";
+  const std::string why = line.rfind(said, 0) == 0 ? line.substr(said.size()) : line;
+  slurm_error("%s", encode_failure_record(*tag, FailureRecord{static_cast<int>(rank), why}).c_str());
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -47,6 +57,8 @@ void say(StepVerdict& verdict) {
   const auto lines = verdict.say();
   if (!lines) return;
   slurm_error("dew: %s", lines->verdict.c_str());
+  const char* tag = std::getenv(kNoticeTagVariable);
+  say_failure_record(tag ? std::optional<std::string>(tag) : std::nullopt, lines->rank, lines->verdict);
   // srun -v: not a verdict of their own.
   for (const auto& line : lines->after) slurm_verbose("dew: %s", line.c_str());
 }

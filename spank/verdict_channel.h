@@ -7,10 +7,17 @@
 #include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
 namespace dew::spank {
+
+// The record of a rank's failure for `dew launch` (dew/failure_record.h),
+// beside the line for people, when the launch's tag is set (srun's
+// environment, or the job's on a node): `line` is classify_task_end's
+// "rank R ended with ...".
+void say_failure_record(const std::optional<std::string>& tag, std::uint32_t rank, const std::string& line);
 
 class VerdictListener {
  public:

@@ -61,6 +61,8 @@ inline constexpr std::string_view kPrivateDirVariables[] = {
 
 // What --dry-run shows for the pool's secret: a live secret is never printed.
 inline constexpr std::string_view kSecretPlaceholder = "<64 hex digits, drawn at launch>";
+// And for the launch's tag of failure records (DEW_NOTICE_TAG).
+inline constexpr std::string_view kNoticeTagPlaceholder = "<16 hex digits, drawn at launch>";
 
 // Every `--env NAME=VALUE`, split at the first '='. An entry without '=', a
 // name that is not a shell variable name, a name given twice or one the
@@ -157,6 +159,7 @@ struct LaunchFacts {
   int framework_port = 0;
   std::string framework_port_text;
   std::string secret;          // DEW_POOL_SECRET: 64 hex digits
+  std::string notice_tag;      // DEW_NOTICE_TAG: the launch's tag of failure records (dew/failure_record.h)
   std::string launcher_cwd;    // the launcher's current directory
   std::string local_hostname;  // this machine's name
   std::string private_root;    // --private-dirs: each process gets private_root/<rank>/{work,home,cache,tmp}
@@ -207,7 +210,9 @@ bool srun_has_dew_pool(std::string_view srun_help);
 Result<std::vector<std::string>> srun_command(const LaunchOptions& options, bool plugin);
 
 // --slurm: what the launcher adds to srun's environment (never to its
-// command line): DEW_LINES_PREFIXED=1 (srun's labels are the prefix), and
+// command line): DEW_LINES_PREFIXED=1 (srun's labels are the prefix),
+// DEW_NOTICE_TAG=`notice_tag` (the plugin's and the pool's failure
+// records), and
 // without the plugin what it would have given every task: DEW_POOL_SECRET,
 // XLA_FLAGS with the watchdog, and with --coordinator or --port the
 // coordinator (the host defaults to `first_node`, the allocation's first
@@ -215,8 +220,8 @@ Result<std::vector<std::string>> srun_command(const LaunchOptions& options, bool
 // coordinator by the plugin's own rule (the step's first node, the port
 // from its job and step ids).
 std::vector<EnvVar> slurm_environment(const LaunchOptions& options, bool plugin, const std::string& secret,
-                                      const std::optional<std::string>& first_node, std::uint16_t drawn_port,
-                                      const std::optional<std::string>& xla_flags);
+                                      const std::string& notice_tag, const std::optional<std::string>& first_node,
+                                      std::uint16_t drawn_port, const std::optional<std::string>& xla_flags);
 
 // Where the coordinator's port is drawn from when --port is not given: the
 // SPANK plugin's default range (dew/coordinator_port.h), outside Linux's
@@ -277,15 +282,14 @@ std::string relabel_srun_line(std::string_view line);
 // then the lowest rank. Expects at least one.
 std::size_t pick_failure(const std::vector<std::pair<int, int>>& failures);
 
-// A libdew process's line saying which process of its pool failed
-// ("ending: process 1 failed: <why>", "[2] " before it or not): how the
-// launcher learns the cause when the failing process itself has not ended
-// (frozen, found by its peers' heartbeats).
+// The process the launch's failure records named as failed
+// (dew/failure_record.h: a pool's peers, or the plugin's verdict under
+// srun): how the launcher learns the cause when the failing process itself
+// has not ended (frozen, found by its peers' heartbeats).
 struct PeerBlame {
   int rank = 0;
   std::string why;
 };
-std::optional<PeerBlame> peer_blame(std::string_view line);
 
 // srun's own line about tasks that ended ("srun: error: n1: tasks 0,2-3:
 // Exited with exit code 75", "...: task 1: Killed"): the tasks, and the code

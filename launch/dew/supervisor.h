@@ -31,7 +31,9 @@ class Supervisor {
   // `grace`: how long a stopped process has between SIGTERM and SIGKILL.
   // Blocks SIGCHLD, SIGINT, SIGTERM and SIGHUP for this process: the
   // supervisor reads them from a signalfd.
-  explicit Supervisor(std::chrono::milliseconds grace);
+  // `notice_tag`: the launch's DEW_NOTICE_TAG; lines holding its failure
+  // records (dew/failure_record.h) decide blame and are not printed.
+  Supervisor(std::chrono::milliseconds grace, std::string notice_tag);
   Supervisor(const Supervisor&) = delete;
   Supervisor& operator=(const Supervisor&) = delete;
 
@@ -40,8 +42,8 @@ class Supervisor {
   // the failing process's (its code, or 128 + signal), 128 + signal for a
   // signal the launcher received, else 0. Never kPeerFailedExitCode: when
   // every failure is a pool's "a peer failed", the process its peers named
-  // ("ending: process 1 failed: ...", a frozen one) is the failure; under
-  // srun, the rank the plugin or the peers named, from srun's lines.
+  // in their failure records (a frozen one) is the failure; under srun, the
+  // rank the plugin's or the peers' records named.
   int run();
   // Stops every process: SIGTERM (and SIGCONT, so that a stopped process
   // gets it), then SIGKILL after the grace (run() waits).
@@ -64,12 +66,13 @@ class Supervisor {
   int srun_exit_code() const;
 
   std::chrono::milliseconds grace_;
+  std::string notice_tag_;
   int signal_fd_ = -1;
   bool stopping_ = false;
   int exit_code_ = 0;
   bool signalled_ = false;  // the launcher itself was told to stop
   std::vector<std::unique_ptr<Running>> processes_;
-  std::optional<PeerBlame> blame_;  // the first process a line named as failed
+  std::optional<PeerBlame> blame_;  // the first process a failure record named
   std::optional<int> awaited_;      // that rank, still running when the failure was named
   // When the awaited rank is stopped too: it is given a moment to end on its
   // own (one that left the pool ends with its own code once its peers are gone).

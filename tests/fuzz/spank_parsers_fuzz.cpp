@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "dew/exit_status.h"
+#include "dew/failure_record.h"
 #include "dew/hex.h"
 #include "dew/hostlist.h"
 #include "dew/text.h"
@@ -799,6 +800,24 @@ void fuzz_failure_notice(Bytes& bytes) {
   FUZZ_CHECK(lines && lines->after.size() == (read.ok() ? 1u : 0u) && !verdict.say());
 }
 
+// A failure record (dew/failure_record.h): what is read from a line writes
+// back to the same record; any rank and reason round-trip (the reason cut
+// at its bound), as one line; another tag reads nothing.
+void fuzz_failure_record(Bytes& bytes) {
+  constexpr std::string_view kTag = "0123456789abcdef";
+  const auto rank = static_cast<int>(bytes.u32() & 0x7fffffff);
+  const std::string_view text = bytes.text();
+  if (const auto read = decode_failure_record(kTag, text)) {
+    FUZZ_CHECK(decode_failure_record(kTag, encode_failure_record(kTag, *read)) == read);
+  }
+  const FailureRecord made{rank, std::string(text)};
+  const std::string line = encode_failure_record(kTag, made);
+  FUZZ_CHECK(line.find('\n') == std::string::npos);
+  const auto back = decode_failure_record(kTag, line);
+  FUZZ_CHECK(back && back->rank == rank && made.why.starts_with(back->why));
+  FUZZ_CHECK(!decode_failure_record("ffffffffffffffff", line));
+}
+
 // All the one-string parsers on the same text.
 void fuzz_all_text(std::string_view text) {
   fuzz_devices_per_process(text, text);
@@ -813,7 +832,7 @@ void fuzz_all_text(std::string_view text) {
 }
 
 // The selector letters the seed corpus uses; other bytes: by value modulo.
-constexpr std::string_view kModes = "adprwychngbxtsov*";
+constexpr std::string_view kModes = "adprwychngbxtsovf*";
 
 }  // namespace
 }  // namespace dew::spank
@@ -874,6 +893,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       break;
     case 'v':
       fuzz_failure_notice(bytes);
+      break;
+    case 'f':
+      fuzz_failure_record(bytes);
       break;
     default:
       fuzz_all_text(text);

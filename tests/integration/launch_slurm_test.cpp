@@ -71,7 +71,8 @@ TEST(LaunchSlurm, DryRunShowsSrunWithDewOptions) {
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   // With the plugin, its kill-on-bad-exit ends a failed step (srun's own is left off).
   EXPECT_EQ(r.out,
-            "slurm: env DEW_LINES_PREFIXED=1 A=1 srun --ntasks-per-node=8 --export=ALL --label --dew-pool "
+            "slurm: env DEW_LINES_PREFIXED=1 'DEW_NOTICE_TAG=<16 hex digits, drawn at launch>' A=1 srun "
+            "--ntasks-per-node=8 --export=ALL --label --dew-pool "
             "--dew-devices-per-process=1 /opt/venv/bin/python train.py\n");
 }
 
@@ -127,7 +128,8 @@ TEST(LaunchSlurm, WithoutThePluginSrunRunsPlainAndDevicesPerProcessIsRefused) {
                         "SLURM_LOCALID"));
   auto dry = cluster().command({dew_exe(), "launch", "--slurm", "--dry-run", "--", "/bin/true"}, env, 60s);
   EXPECT_EQ(dry.out,
-            "slurm: env DEW_LINES_PREFIXED=1 'DEW_POOL_SECRET=<64 hex digits, drawn at launch>' "
+            "slurm: env DEW_LINES_PREFIXED=1 'DEW_NOTICE_TAG=<16 hex digits, drawn at launch>' "
+            "'DEW_POOL_SECRET=<64 hex digits, drawn at launch>' "
             "XLA_FLAGS=--xla_gpu_execution_terminate_timeout=30m DEW_WATCHDOG=30m srun --ntasks-per-node=1 "
             "--kill-on-bad-exit=1 --export=ALL --label /bin/true\n");
 }

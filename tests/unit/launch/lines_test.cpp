@@ -48,29 +48,6 @@ TEST(Output, TheFailureNamedIsNotAPeerFailedExit) {
   EXPECT_EQ(pick_failure({{5, 3 << 8}}), 0u);
 }
 
-TEST(Output, APeersLineNamesTheProcessThatFailed) {
-  auto blame = peer_blame("ending: process 1 failed: process 1 stopped answering: no heartbeat for 10 s");
-  ASSERT_TRUE(blame);
-  EXPECT_EQ(blame->rank, 1);
-  EXPECT_EQ(blame->why, "process 1 stopped answering: no heartbeat for 10 s");
-  EXPECT_EQ(peer_blame("[2] ending: process 13 failed: boom")->rank, 13);
-  // The plugin's line under srun names a rank that failed on its own.
-  blame = peer_blame("slurmstepd-n1: error: dew: rank 1 ended with exit code 3; ending step 7.0 (kill-on-bad-exit)");
-  ASSERT_TRUE(blame);
-  EXPECT_EQ(blame->rank, 1);
-  EXPECT_EQ(blame->why, "ended with exit code 3; ending step 7.0 (kill-on-bad-exit)");
-  // ... as srun says it for the step, from the nodes' notices.
-  blame =
-      peer_blame("srun: error: dew: rank 2 ended with signal 9 (SIGKILL); ending step 7.0 (kill-on-bad-exit); node n2");
-  ASSERT_TRUE(blame);
-  EXPECT_EQ(blame->rank, 2);
-  for (const char* other :
-       {"the user printed ending: process 1 failed: x", "ending: process x failed: y", "ending: process 1 failed",
-        "ending: process 99999999999 failed: y", "slurmstepd-n1: error: dew: rank 1 is fine", ""}) {
-    EXPECT_FALSE(peer_blame(other)) << other;
-  }
-}
-
 TEST(Output, SrunsTaskLinesGiveTasksAndCodes) {
   auto end = srun_task_end("srun: error: n1: tasks 0,2-3: Exited with exit code 75");
   ASSERT_TRUE(end);

@@ -22,6 +22,7 @@ inline LaunchFacts facts() {
   f.port = 41234;
   f.framework_port = 11234;
   f.secret = std::string(64, 'a');
+  f.notice_tag = "0123456789abcdef";
   f.launcher_cwd = "/srv/here";
   f.local_hostname = "me";
   f.private_root = "/tmp/dew-launch-0123456789ab";

@@ -392,7 +392,8 @@ TEST(DryRun, OneLinePerProcessThatPastesIntoBash) {
             "0 localhost: env -C /srv/here DEW_PROCESS_ID=0 DEW_PROCESS_COUNT=2 DEW_LOCAL_PROCESS_ID=0 "
             "DEW_LOCAL_PROCESS_COUNT=1 DEW_COORDINATOR_ADDRESS=me:41234 DEW_POOL_SECRET=" +
                 std::string(64, 'a') +
-                " DEW_LINES_PREFIXED=1 DEW_FRAMEWORK_COORDINATOR=me:11234 JAX_COORDINATOR_ADDRESS=me:11234 "
+                " DEW_LINES_PREFIXED=1 DEW_NOTICE_TAG=0123456789abcdef DEW_FRAMEWORK_COORDINATOR=me:11234 "
+                "JAX_COORDINATOR_ADDRESS=me:11234 "
                 "MASTER_ADDR=me MASTER_PORT=11234 RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 GROUP_RANK=0 "
                 "$'V=a\\nb' XLA_FLAGS=--xla_gpu_execution_terminate_timeout=30m DEW_WATCHDOG=30m "
                 "/bin/echo 'x y'");

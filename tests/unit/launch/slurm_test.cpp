@@ -69,39 +69,39 @@ TEST(Slurm, WithoutThePluginTheLauncherGivesWhatThePluginWould) {
   auto o = options_with({"/bin/true"});
   const std::string secret(64, 'f');
   // With the plugin: only the prefix rule; the plugin's values stand.
-  EXPECT_EQ(as_map(slurm_environment(o, true, secret, "n1", 21000, std::nullopt)),
-            (std::map<std::string, std::string>{{"DEW_LINES_PREFIXED", "1"}}));
+  EXPECT_EQ(as_map(slurm_environment(o, true, secret, "tag", "n1", 21000, std::nullopt)),
+            (std::map<std::string, std::string>{{"DEW_LINES_PREFIXED", "1"}, {"DEW_NOTICE_TAG", "tag"}}));
   // Without: the secret and the watchdog; the coordinator by libdew's rule.
-  auto env = as_map(slurm_environment(o, false, secret, "n1", 21000, std::nullopt));
+  auto env = as_map(slurm_environment(o, false, secret, "tag", "n1", 21000, std::nullopt));
   EXPECT_EQ(env["DEW_POOL_SECRET"], secret);
   EXPECT_EQ(env["XLA_FLAGS"], "--xla_gpu_execution_terminate_timeout=30m");
   EXPECT_EQ(env["DEW_WATCHDOG"], "30m");
   EXPECT_EQ(env.count("DEW_COORDINATOR_ADDRESS"), 0u);
   // --port alone: the allocation's first node; --coordinator alone: a drawn port.
   o.port = 23456;
-  EXPECT_EQ(as_map(slurm_environment(o, false, secret, "n1", 21000, std::nullopt))["DEW_COORDINATOR_ADDRESS"],
+  EXPECT_EQ(as_map(slurm_environment(o, false, secret, "tag", "n1", 21000, std::nullopt))["DEW_COORDINATOR_ADDRESS"],
             "n1:23456");
   o.port.reset();
   o.coordinator = "10.0.0.1";
-  EXPECT_EQ(as_map(slurm_environment(o, false, secret, "n1", 21000, std::nullopt))["DEW_COORDINATOR_ADDRESS"],
+  EXPECT_EQ(as_map(slurm_environment(o, false, secret, "tag", "n1", 21000, std::nullopt))["DEW_COORDINATOR_ADDRESS"],
             "10.0.0.1:21000");
   // A user's XLA_FLAGS (inherited or --env) is kept, the watchdog added; off leaves it alone.
-  env = as_map(slurm_environment(o, false, secret, "n1", 21000, std::string("--xla_dump_to=/d")));
+  env = as_map(slurm_environment(o, false, secret, "tag", "n1", 21000, std::string("--xla_dump_to=/d")));
   EXPECT_EQ(env["XLA_FLAGS"], "--xla_dump_to=/d --xla_gpu_execution_terminate_timeout=30m");
   // A watchdog the user's flags hold already: nothing added (their --env carries it).
   o.env = {"XLA_FLAGS=--xla_gpu_execution_terminate_timeout=5m"};
-  EXPECT_EQ(as_map(slurm_environment(o, false, secret, "n1", 21000, std::nullopt)).count("XLA_FLAGS"), 0u);
+  EXPECT_EQ(as_map(slurm_environment(o, false, secret, "tag", "n1", 21000, std::nullopt)).count("XLA_FLAGS"), 0u);
   o.env.clear();
   o.watchdog = Watchdog(std::nullopt);
-  env = as_map(slurm_environment(o, false, secret, "n1", 21000, std::nullopt));
+  env = as_map(slurm_environment(o, false, secret, "tag", "n1", 21000, std::nullopt));
   EXPECT_EQ(env.count("XLA_FLAGS"), 0u);
   EXPECT_EQ(env["DEW_WATCHDOG"], "off");
   // --watchdog 2h reaches StepWatchdog and dew worker, not XLA's flag alone;
   // a user's own DEW_WATCHDOG stands.
   o.watchdog = Watchdog(std::chrono::hours(2));
-  EXPECT_EQ(as_map(slurm_environment(o, false, secret, "n1", 21000, std::nullopt))["DEW_WATCHDOG"], "2h");
+  EXPECT_EQ(as_map(slurm_environment(o, false, secret, "tag", "n1", 21000, std::nullopt))["DEW_WATCHDOG"], "2h");
   o.env = {"DEW_WATCHDOG=5m"};
-  EXPECT_EQ(as_map(slurm_environment(o, false, secret, "n1", 21000, std::nullopt)).count("DEW_WATCHDOG"), 0u);
+  EXPECT_EQ(as_map(slurm_environment(o, false, secret, "tag", "n1", 21000, std::nullopt)).count("DEW_WATCHDOG"), 0u);
 }
 
 TEST(HostQuery, AGivenPortIsCheckedFreeOnTheHost) {

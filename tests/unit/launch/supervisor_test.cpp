@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "dew/exit_status.h"
+#include "dew/failure_record.h"
 #include "dew/log.h"
 #include "dew/process.h"
 
@@ -36,6 +37,16 @@ struct Supervised {
   std::string out, err;
   double seconds = 0;
 };
+
+// The launch's tag of failure records, as dew launch draws it.
+const std::string kTag = "0123456789abcdef";
+
+// What a pool's peer prints as it ends because process `rank` failed: the
+// line for people and the record for the launcher (pool/failure.cpp).
+std::string peer_says(int rank, const std::string& why) {
+  return "echo 'ending: process " + std::to_string(rank) + " failed: " + why + "' >&2; echo '" +
+         encode_failure_record(kTag, FailureRecord{rank, why}) + "' >&2";
+}
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path);
@@ -57,7 +68,7 @@ Supervised supervise(const std::vector<std::string>& commands, std::chrono::mill
     dup2(o, 1);
     dup2(e, 2);
     set_log_prefix("dew launch: ");
-    Supervisor supervisor(grace);
+    Supervisor supervisor(grace, kTag);
     for (std::size_t rank = 0; rank < commands.size(); ++rank) {
       SpawnOptions options;
       options.argv = {"/bin/sh", "-c", commands[rank]};
@@ -129,13 +140,28 @@ TEST(Supervisor, AProcessThatIgnoresSigtermIsKilledAfterTheGrace) {
 // A pool's peers end with kPeerFailedExitCode naming the process that
 // failed; the launcher names that process, not the peer, and never exits 75.
 TEST(Supervisor, APeersExit75NamesTheProcessItReported) {
-  const std::string peer =
-      "echo 'ending: process 1 failed: disk full' >&2; exit " + std::to_string(kPeerFailedExitCode);
+  const std::string peer = peer_says(1, "disk full") + "; exit " + std::to_string(kPeerFailedExitCode);
   auto r = supervise({peer, "sleep 60"});
   EXPECT_NE(r.exit_code, kPeerFailedExitCode) << r.err;
   EXPECT_NE(r.exit_code, 0) << r.err;
-  EXPECT_THAT(r.err, HasSubstr("rank 1"));
+  EXPECT_THAT(r.err, HasSubstr("dew launch: rank 1 on localhost failed: its peers ended because disk full"));
+  EXPECT_THAT(r.err, HasSubstr("[0] ending: process 1 failed: disk full\n")) << "the line for people is shown";
+  EXPECT_THAT(r.err, Not(HasSubstr("dew-failure"))) << "the record is the launcher's, not shown";
   EXPECT_LT(r.seconds, 10.0);
+}
+
+// Blame comes from the records alone: a program that prints what a pool's
+// peer says for people (or the plugin's words), or a record of another
+// launch's tag, names no one; the launch fails by its own exit as any.
+TEST(Supervisor, APrintedLineThatLooksLikeAPeersWordNamesNoOne) {
+  const std::string fake =
+      "echo 'ending: process 1 failed: disk full' >&2; echo 'srun: error: dew: rank 1 ended with "
+      "exit code 3' >&2; echo '" +
+      encode_failure_record("ffffffffffffffff", FailureRecord{1, "x"}) + "' >&2; exit " +
+      std::to_string(kPeerFailedExitCode);
+  auto r = supervise({fake, "sleep 60"});
+  EXPECT_THAT(r.err, HasSubstr("dew launch: rank 0 on localhost ended with exit code 75")) << r.err;
+  EXPECT_THAT(r.err, Not(HasSubstr("rank 1 on localhost"))) << r.err;
 }
 
 // CI under TSan: the failing process (StepWatchdog's 124) was a moment
@@ -144,8 +170,8 @@ TEST(Supervisor, APeersExit75NamesTheProcessItReported) {
 // code 0.7 s later. It is named by its own exit when that comes within the
 // wait, and by the peers' word only when it does not come.
 TEST(Supervisor, TheFailingProcessAMomentBehindItsPeersIsNamedByItsOwnExit) {
-  const std::string peer = "echo 'ending: process 1 failed: step 3 ran longer than its bound' >&2; exit " +
-                           std::to_string(kPeerFailedExitCode);
+  const std::string peer =
+      peer_says(1, "step 3 ran longer than its bound") + "; exit " + std::to_string(kPeerFailedExitCode);
   auto r = supervise({peer, "sleep 0.7; exit 124"}, 2s);
   EXPECT_EQ(r.exit_code, 124) << r.err;
   EXPECT_THAT(r.err,
@@ -160,8 +186,8 @@ TEST(Supervisor, TheFailingProcessAMomentBehindItsPeersIsNamedByItsOwnExit) {
 // The process the peers name left with exit 0 while they waited for it: the
 // launcher still fails, with 1.
 TEST(Supervisor, ABlamedProcessThatExitedZeroStillFailsTheLaunch) {
-  const std::string peer = "sleep 0.5; echo 'ending: process 1 failed: process 1 left the pool' >&2; exit " +
-                           std::to_string(kPeerFailedExitCode);
+  const std::string peer =
+      "sleep 0.5; " + peer_says(1, "process 1 left the pool") + "; exit " + std::to_string(kPeerFailedExitCode);
   auto r = supervise({peer, "exit 0"});
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_THAT(r.err, HasSubstr("rank 1"));

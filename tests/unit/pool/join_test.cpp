@@ -137,8 +137,9 @@ TEST(Join, AProcessZeroStoppedBeforeTheOthersJoinedIsNamedWithinTheHeartbeatTime
   EXPECT_THAT(rank->err(), HasSubstr("[1] error: cannot join the pool: process 0 stopped answering during the join: "
                                      "the coordination service at 127.0.0.1:" +
                                      std::to_string(zero.zero_alone.port) +
-                                     " accepted the connection, then said nothing for 2 s "
-                                     "(DEW_HEARTBEAT_TIMEOUT_SECONDS; process 0 stopped or frozen); heard nothing"));
+                                     " accepted the connection, then said nothing for 2.03 s "
+                                     "(DEW_HEARTBEAT_TIMEOUT_SECONDS and 10 ms a process of the pool; process 0 "
+                                     "stopped or frozen); heard nothing"));
 }
 
 TEST(Join, AProcessZeroStoppedDuringTheJoinsAgreementEndsItsPeersAtTheTimeout) {

@@ -35,5 +35,13 @@ TEST(SilenceVerdict, BytesWaitingUnreadInTheSocketAreThePeerHeard) {
   EXPECT_TRUE(lost_for_silence(facts(12s, 2500ms, 0)));
 }
 
+// A joining process allows the service 10 ms for each process of the pool
+// besides the heartbeat timeout: it answers the hellos one at a time.
+TEST(SilenceVerdict, TheJoinsBoundGrowsWithThePool) {
+  EXPECT_EQ(handshake_silence_bound(10s, 2), 10020ms);
+  EXPECT_EQ(handshake_silence_bound(10s, 1024), 20240ms);
+  EXPECT_EQ(handshake_silence_bound(2s, 0), 2010ms);
+}
+
 }  // namespace
 }  // namespace dew::runtime
