@@ -92,6 +92,48 @@ void expect_each_save_resumed_by_every_rank(const std::string& text, std::size_t
   EXPECT_EQ(steps_said(text, "RESUMED at step "), each_rank_resumed) << text;
 }
 
+// A tests/python/torch_ddp.py job under scripts/sbatch/python-requeue.sbatch:
+// its folder (with a fresh checkpoint/), and the environment that finds
+// Dew's module; `skip` says why it cannot run (the module or torch missing).
+struct TorchJob {
+  std::string dir, skip;
+  std::map<std::string, std::string> env;
+  std::string script = SlurmCluster::source_root() + "/tests/python/torch_ddp.py";
+
+  // An uninterrupted run of `steps` steps, its losses in reference.json.
+  auto reference(int steps) const {
+    return cluster().srun({"--dew-pool", "-N2", "--ntasks-per-node=2", "/usr/bin/python3", script, "--dew", "--steps",
+                           std::to_string(steps), "--out", dir + "/reference.json"},
+                          env, 120s);
+  }
+  // The job of `steps` steps of 0.4 s, checkpointed, its output in job.out
+  // and its losses in resumed.json; `options` go to sbatch.
+  auto submit(std::vector<std::string> options, int steps) const {
+    std::vector<std::string> argv = {"sbatch", "--parsable", "--output=" + dir + "/job.out"};
+    argv.insert(argv.end(), options.begin(), options.end());
+    argv.insert(argv.end(), {SlurmCluster::source_root() + "/scripts/sbatch/python-requeue.sbatch", "/usr/bin/python3",
+                             script, "--dew", "--steps", std::to_string(steps), "--step-sleep", "0.4", "--checkpoint",
+                             dir + "/checkpoint", "--out", dir + "/resumed.json"});
+    return cluster().command(argv, env, 30s);
+  }
+};
+
+TorchJob torch_job(const std::string& name) {
+  TorchJob job;
+  const char* module = std::getenv("DEW_PYTHON_MODULE_DIR");
+  if (module == nullptr || *module == '\0') {
+    job.skip = "the dew Python module is not built";
+  } else if (run({"/usr/bin/python3", "-c", "import torch"}).exit_code != 0) {
+    job.skip = "python3-torch is missing";
+  } else {
+    job.env = {{"PYTHONPATH", module}};
+  }
+  job.dir = cluster().dir() + "/" + name;
+  std::filesystem::remove_all(job.dir);
+  std::filesystem::create_directories(job.dir + "/checkpoint");
+  return job;
+}
+
 // Stops (SIGSTOP) the `dew` processes of `job`: a start frozen past its
 // checkpoint stays mid-run however long Slurm takes to preempt it (on a fast
 // machine the 40 steps were otherwise all done first). Slurm's ending of a
@@ -180,25 +222,14 @@ TEST(RequeueSlurm, AJobRequeuedAndThenPreemptedResumesEachTimeAndMatchesAnUninte
 // at one step, rank 0 saves, the job starts again and resumes; the losses
 // equal an uninterrupted run's.
 TEST(RequeueSlurm, APythonScriptStopsAtOneStepOnRequeueTheTimeLimitsWarningAndPreemptionAndResumesExactly) {
-  const char* module = std::getenv("DEW_PYTHON_MODULE_DIR");
-  if (module == nullptr || *module == '\0') GTEST_SKIP() << "the dew Python module is not built";
-  if (run({"/usr/bin/python3", "-c", "import torch"}).exit_code != 0) GTEST_SKIP() << "python3-torch is missing";
-  const std::string dir = cluster().dir() + "/python-requeue";
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir + "/checkpoint");
-  const std::string script = SlurmCluster::source_root() + "/tests/python/torch_ddp.py";
-  const std::map<std::string, std::string> env = {{"PYTHONPATH", module}};
-  const auto ran = cluster().srun({"--dew-pool", "-N2", "--ntasks-per-node=2", "/usr/bin/python3", script, "--dew",
-                                   "--steps", "30", "--out", dir + "/reference.json"},
-                                  env, 120s);
+  const TorchJob torch = torch_job("python-requeue");
+  if (!torch.skip.empty()) GTEST_SKIP() << torch.skip;
+  const std::string& dir = torch.dir;
+  const auto ran = torch.reference(30);
   ASSERT_EQ(ran.exit_code, 0) << describe(ran);
 
   const std::string output = dir + "/job.out";
-  const auto submitted = cluster().command(
-      {"sbatch", "--parsable", "--output=" + output,
-       SlurmCluster::source_root() + "/scripts/sbatch/python-requeue.sbatch", "/usr/bin/python3", script, "--dew",
-       "--steps", "30", "--step-sleep", "0.4", "--checkpoint", dir + "/checkpoint", "--out", dir + "/resumed.json"},
-      env, 30s);
+  const auto submitted = torch.submit({}, 30);
   ASSERT_EQ(submitted.exit_code, 0) << describe(submitted);
   const std::string job = submitted.out.substr(0, submitted.out.find_first_of(";\n"));
   const auto wait_for = [&](const std::string& text) {
@@ -291,24 +322,13 @@ TEST(RequeueSlurm, AWarningThatEndedTheTasksBeforeTheyCouldTakeItStillRequeuesTh
 // three starts, about 100 s. Never ended by the time limit itself; the
 // losses equal an uninterrupted run's.
 TEST(RequeueSlurm, APythonScriptWarnedBySlurmBeforeItsTimeLimitStopsAtOneStepAndResumesUntilDone) {
-  const char* module = std::getenv("DEW_PYTHON_MODULE_DIR");
-  if (module == nullptr || *module == '\0') GTEST_SKIP() << "the dew Python module is not built";
-  if (run({"/usr/bin/python3", "-c", "import torch"}).exit_code != 0) GTEST_SKIP() << "python3-torch is missing";
-  const std::string dir = cluster().dir() + "/python-time-limit";
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir + "/checkpoint");
-  const std::string script = SlurmCluster::source_root() + "/tests/python/torch_ddp.py";
-  const std::map<std::string, std::string> env = {{"PYTHONPATH", module}};
-  const auto ran = cluster().srun({"--dew-pool", "-N2", "--ntasks-per-node=2", "/usr/bin/python3", script, "--dew",
-                                   "--steps", "100", "--out", dir + "/reference.json"},
-                                  env, 120s);
+  const TorchJob torch = torch_job("python-time-limit");
+  if (!torch.skip.empty()) GTEST_SKIP() << torch.skip;
+  const std::string& dir = torch.dir;
+  const auto ran = torch.reference(100);
   ASSERT_EQ(ran.exit_code, 0) << describe(ran);
   const std::string output = dir + "/job.out";
-  const auto submitted = cluster().command(
-      {"sbatch", "--parsable", "--time=1", "--signal=B:USR1@50", "--output=" + output,
-       SlurmCluster::source_root() + "/scripts/sbatch/python-requeue.sbatch", "/usr/bin/python3", script, "--dew",
-       "--steps", "100", "--step-sleep", "0.4", "--checkpoint", dir + "/checkpoint", "--out", dir + "/resumed.json"},
-      env, 30s);
+  const auto submitted = torch.submit({"--time=1", "--signal=B:USR1@50"}, 100);
   ASSERT_EQ(submitted.exit_code, 0) << describe(submitted);
   const std::string job = submitted.out.substr(0, submitted.out.find_first_of(";\n"));
   ASSERT_TRUE(wait_until_gone(job, 300s)) << read_text(output);
