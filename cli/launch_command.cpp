@@ -188,9 +188,9 @@ int run_launch(LaunchArgs& args) {
   if (!secret.ok() || !private_id.ok()) return fail(Stop{(secret.ok() ? private_id : secret).error().message});
   // A dry run shows a placeholder: a live secret is never printed.
   facts.secret = args.dry_run ? std::string(launch::kSecretPlaceholder) : secret.value();
-  auto tag = random_hex(8);
+  auto tag = draw_notice_tag(args.dry_run);
   if (!tag.ok()) return fail(Stop{tag.error().message});
-  facts.notice_tag = args.dry_run ? std::string(launch::kNoticeTagPlaceholder) : tag.value();
+  facts.notice_tag = tag.value();
   if (const char* flags = std::getenv("XLA_FLAGS")) facts.xla_flags = flags;
   facts.inherited_task_variables = inherited_task_variables();
   for (const char* name : launch::kForwardedToRemoteHosts) {

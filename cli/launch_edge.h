@@ -35,6 +35,10 @@ struct Stop {
   int code = 1;
 };
 
+// The launch's tag of failure records (DEW_NOTICE_TAG): 16 fresh hex
+// digits, or the placeholder a dry run shows.
+Result<std::string> draw_notice_tag(bool dry_run);
+
 // The last line of a command's output, without its line break.
 std::string last_line(const std::string& text);
 

@@ -179,6 +179,11 @@ std::optional<Stop> gather_host_facts(const LaunchArgs& args, launch::LaunchFact
   return std::nullopt;
 }
 
+Result<std::string> draw_notice_tag(bool dry_run) {
+  if (dry_run) return std::string(launch::kNoticeTagPlaceholder);
+  return random_hex(8);
+}
+
 std::string last_line(const std::string& text) {
   std::string t = text;
   while (!t.empty() && (t.back() == '\n' || t.back() == '\r')) t.pop_back();

@@ -66,12 +66,12 @@ int run_slurm(const launch::LaunchOptions& options, const std::vector<launch::En
     log_error(argv.error().message);
     return 2;
   }
-  auto drawn_tag = random_hex(8);
+  auto drawn_tag = draw_notice_tag(dry_run);
   if (!drawn_tag.ok()) {
     log_error(drawn_tag.error().message);
     return 1;
   }
-  const std::string notice_tag = dry_run ? std::string(launch::kNoticeTagPlaceholder) : drawn_tag.value();
+  const std::string notice_tag = drawn_tag.value();
   const auto added = slurm_env_additions(options, plugin, dry_run, notice_tag);
   if (!added.ok()) {
     log_error(added.error().message);
