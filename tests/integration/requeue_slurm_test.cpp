@@ -53,6 +53,15 @@ bool wait_for_checkpoint_after(const std::string& directory, int after) {
   return false;
 }
 
+// Waits until the file at `path` holds `text`; false after `limit`.
+bool wait_for_text(const std::string& path, const std::string& text, std::chrono::seconds limit) {
+  for (auto until = std::chrono::steady_clock::now() + limit; std::chrono::steady_clock::now() < until;) {
+    if (read_text(path).find(text) != std::string::npos) return true;
+    std::this_thread::sleep_for(100ms);
+  }
+  return false;
+}
+
 // Waits until the job has left the queue (done, whatever its end); false
 // after `limit`.
 bool wait_until_gone(const std::string& job, std::chrono::seconds limit) {
@@ -232,13 +241,7 @@ TEST(RequeueSlurm, APythonScriptStopsAtOneStepOnRequeueTheTimeLimitsWarningAndPr
   const auto submitted = torch.submit({}, 30);
   ASSERT_EQ(submitted.exit_code, 0) << describe(submitted);
   const std::string job = submitted.out.substr(0, submitted.out.find_first_of(";\n"));
-  const auto wait_for = [&](const std::string& text) {
-    for (auto until = std::chrono::steady_clock::now() + 90s; std::chrono::steady_clock::now() < until;) {
-      if (read_text(output).find(text) != std::string::npos) return true;
-      std::this_thread::sleep_for(100ms);
-    }
-    return false;
-  };
+  const auto wait_for = [&](const std::string& text) { return wait_for_text(output, text, 90s); };
   ASSERT_TRUE(wait_for("step 2: loss")) << read_text(output);
   ASSERT_EQ(cluster().command({"scontrol", "requeue", job}, {}, 30s).exit_code, 0);
   ASSERT_TRUE(wait_for("dew-requeue: start 2 of job")) << read_text(output);
@@ -294,13 +297,7 @@ TEST(RequeueSlurm, AWarningThatEndedTheTasksBeforeTheyCouldTakeItStillRequeuesTh
                         {}, 30s);
   ASSERT_EQ(submitted.exit_code, 0) << describe(submitted);
   const std::string job = submitted.out.substr(0, submitted.out.find_first_of(";\n"));
-  const auto wait_for = [&](const std::string& text) {
-    for (auto until = std::chrono::steady_clock::now() + 60s; std::chrono::steady_clock::now() < until;) {
-      if (read_text(output).find(text) != std::string::npos) return true;
-      std::this_thread::sleep_for(100ms);
-    }
-    return false;
-  };
+  const auto wait_for = [&](const std::string& text) { return wait_for_text(output, text, 60s); };
   ASSERT_TRUE(wait_for("dew-requeue: start 1 of job")) << read_text(output);
   std::this_thread::sleep_for(1s);  // srun's tasks running
   ASSERT_EQ(cluster().command({"scancel", "--signal=USR1", "--batch", job}, {}, 30s).exit_code, 0);
