@@ -62,6 +62,12 @@ int stop_signal_seen();
 // every rank and the job was lost (slurmctld sends it when its periodic look
 // finds it due, as early as the start of a job with a short limit).
 void take_the_warning_from_now();
+// A stop taken (stop_requested() returned True): creates the empty file
+// DEW_STOP_MARK names, when it is set and its folder exists on this node,
+// so that a job script can tell tasks that stopped early from tasks that
+// finished (scripts/sbatch/python-requeue.sbatch requeues only the first).
+inline constexpr const char* kStopMarkVariable = "DEW_STOP_MARK";
+void leave_stop_mark();
 
 void bind_pool(pybind11::module_& m);
 void bind_failure(pybind11::module_& m);

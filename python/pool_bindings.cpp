@@ -298,6 +298,7 @@ void bind_pool(py::module_& m) {
               if (all[rank] == std::string_view("\1", 1)) {
                 log_info("stopping at this stop_requested(), with every process: process " + std::to_string(rank) +
                          " was asked to stop");
+                leave_stop_mark();
                 return true;
               }
             }
@@ -308,7 +309,8 @@ void bind_pool(py::module_& m) {
           "since the first call (SIGUSR1 since prepare_process(), unless the script set its own handler). Call it at "
           "the same point of every step on every process (one all_gather of a byte); when it is True, save a "
           "checkpoint and return. The first call (on the main thread) arms it: from then on those signals no longer "
-          "end the script.")
+          "end the script. When True it also creates the empty file DEW_STOP_MARK names, if that is set and its "
+          "folder exists here: a job script's way to tell a stop from the training's end.")
       .def(
           "put",
           [](runtime::Pool& p, const std::string& key, const py::bytes& value) {

@@ -3,10 +3,15 @@
 // SIGUSR1 (Slurm's warning: --signal=USR1@SECONDS, or forwarded by a batch
 // script from --signal=B:USR1@SECONDS) no longer end the script; they mark a
 // stop, which every process learns at the same stop_requested() call.
+#include <fcntl.h>
 #include <pybind11/pybind11.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <csignal>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "bindings.h"
@@ -55,5 +60,20 @@ void take_the_warning_from_now() {
 }
 
 int stop_signal_seen() { return g_stop_signal.load(); }
+
+void leave_stop_mark() {
+  const char* path = std::getenv(kStopMarkVariable);
+  if (path == nullptr || *path == '\0') return;
+  // Created or left as it is: never truncated, never through a link.
+  const int fd = ::open(path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd >= 0) {
+    ::close(fd);
+    return;
+  }
+  // The folder is made on the batch script's node only: elsewhere, nothing to do.
+  if (errno == ENOENT) return;
+  log_warn(std::string("cannot create ") + kStopMarkVariable + "=" + path + ": " + std::strerror(errno) +
+           " (the job script cannot tell this stop from the training's end)");
+}
 
 }  // namespace dew::python

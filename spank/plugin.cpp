@@ -447,7 +447,11 @@ int slurm_spank_local_user_init(spank_t sp, int, char**) {
     std::uint32_t job = 0, step = 0;
     if (!get_item(sp, S_JOB_ID, job) || !get_item(sp, S_JOB_STEPID, step)) return 0;
     // Every node that ends a pool step tells srun, one task or many.
-    if (const char* secret = std::getenv(kSecretCarrier)) g_verdict_listener.start(job, step, secret);
+    // srun outlives every task: it ends the step again for any a node's
+    // signals missed (kSrunStepKillAfter).
+    if (const char* secret = std::getenv(kSecretCarrier)) {
+      g_verdict_listener.start(job, step, secret, [job, step] { g_step_ender.kill_later(job, step); });
+    }
     // A step that forms no pool has nothing to look up or watch.
     std::uint32_t tasks = 0;
     if (spank_get_item(sp, S_JOB_TOTAL_TASK_COUNT, &tasks) == ESPANK_SUCCESS && !forms_pool(tasks, g_options)) {
@@ -474,6 +478,7 @@ int slurm_spank_exit(spank_t, int, char**) {
     if (spank_context() == S_CTX_LOCAL) {
       g_verdict_listener.stop();
       g_srun_watcher.stop();
+      g_step_ender.stop();
     }
     return 0;
   });

@@ -64,6 +64,14 @@ void StepEnder::end_now(std::uint32_t job, std::uint32_t step) {
                                                       ": SIGKILL to the tasks still running after SIGTERM"});
 }
 
+void StepEnder::kill_later(std::uint32_t job, std::uint32_t step) {
+  const auto after = std::chrono::duration_cast<std::chrono::seconds>(kSrunStepKillAfter).count();
+  schedule(Clock::now() + kSrunStepKillAfter,
+           Pending{job, step, SIGKILL,
+                   "step " + std::to_string(job) + "." + std::to_string(step) + " still runs " + std::to_string(after) +
+                       " s after a node ended it: SIGKILL to its tasks"});
+}
+
 void StepEnder::end_later(std::uint32_t job, std::uint32_t step, const std::string& why) {
   {
     std::lock_guard lock(mutex_);

@@ -27,9 +27,13 @@ class StepEnder {
   // Ends the step now: SIGTERM to every task, SIGKILL kStepKillGrace later.
   // Drops any fallback still pending.
   void end_now(std::uint32_t job, std::uint32_t step);
+  // srun: SIGKILL to the step kSrunStepKillAfter from now, unless srun ends
+  // first (stop()): a node ended the step, and srun still waits then only
+  // for tasks that node's signals missed.
+  void kill_later(std::uint32_t job, std::uint32_t step);
   // Ends the step after kPeerGrace unless end_now() comes first.
   void end_later(std::uint32_t job, std::uint32_t step, const std::string& why);
-  // slurmstepd is about to exit (every task of this node has ended): stops
+  // slurmstepd or srun is about to exit (every task has ended): stops
   // the thread and drops what is pending. Waiting here would hold up the
   // step's completion, and so srun's exit, for everyone; a node that still
   // runs a task (one that caught SIGTERM, a frozen rank with local peers)

@@ -110,10 +110,13 @@ std::uint16_t VerdictListener::listen() {
   return ntohs(address.sin6_port);
 }
 
-void VerdictListener::start(std::uint32_t job, std::uint32_t step, std::string secret) {
+void VerdictListener::start(std::uint32_t job, std::uint32_t step, std::string secret,
+                            std::function<void()> on_first_notice) {
   std::lock_guard lock(mutex_);
   if (listen_fd_ < 0 || thread_.joinable() || stopping_) return;
-  thread_ = std::thread([this, job, step, secret = std::move(secret)] { run(job, step, secret); });
+  thread_ = std::thread([this, job, step, secret = std::move(secret), first = std::move(on_first_notice)] {
+    run(job, step, secret, first);
+  });
 }
 
 void VerdictListener::stop() {
@@ -132,7 +135,8 @@ void VerdictListener::stop() {
   close_fd(wake_fd_);
 }
 
-void VerdictListener::run(std::uint32_t job, std::uint32_t step, const std::string& secret) {
+void VerdictListener::run(std::uint32_t job, std::uint32_t step, const std::string& secret,
+                          const std::function<void()>& on_first_notice) {
   StepVerdict verdict;
   std::vector<Pending> pending;
   std::optional<Clock::time_point> say_at, stop_by;
@@ -158,7 +162,9 @@ void VerdictListener::run(std::uint32_t job, std::uint32_t step, const std::stri
       }
     }
     for (std::size_t k = 0; k < pending.size();) {
+      const bool had_notice = say_at.has_value();
       if (read_notice(pending[k], job, step, secret, verdict, say_at)) {
+        if (!had_notice && say_at && on_first_notice) on_first_notice();
         ::close(pending[k].fd);
         pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(k));
       } else {

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -30,14 +31,17 @@ class VerdictListener {
   // reach srun at (every address, a port the kernel picks); 0 when srun
   // cannot listen (each node then names its failure itself).
   std::uint16_t listen();
-  // srun, once the step exists: notices are taken and the verdict said.
-  void start(std::uint32_t job, std::uint32_t step, std::string secret);
+  // srun, once the step exists: notices are taken and the verdict said;
+  // `on_first_notice` runs on the listener's thread when the first is taken
+  // (a node has ended the step).
+  void start(std::uint32_t job, std::uint32_t step, std::string secret, std::function<void()> on_first_notice);
   // srun is exiting: notices already sent are taken (for at most
   // kNoticeBound), the verdict is said if it was not, the thread ends.
   void stop();
 
  private:
-  void run(std::uint32_t job, std::uint32_t step, const std::string& secret);
+  void run(std::uint32_t job, std::uint32_t step, const std::string& secret,
+           const std::function<void()>& on_first_notice);
 
   int listen_fd_ = -1;
   int wake_fd_ = -1;

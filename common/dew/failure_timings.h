@@ -75,6 +75,12 @@ inline constexpr std::chrono::milliseconds kBeforeExitBound = 2s;
 // How it ends a step: SIGTERM to every task, SIGKILL this much later to any
 // that caught it.
 inline constexpr std::chrono::milliseconds kStepKillGrace = 2s;
+// srun, which waits for every task, sends the step SIGKILL this long after a
+// node's notice that it ended the step, if srun still waits then: the
+// node's own SIGKILL dies with its slurmstepd when its last task ends, and
+// a task that started after the step's end reached its node (a launch race
+// for a rank that fails in the step's first ~200 ms) got no signal at all.
+inline constexpr std::chrono::milliseconds kSrunStepKillAfter = kStepKillGrace + 1s;
 // A node that saw only peers' exit 75 waits this long for the failing rank's
 // own exit to end the step (and name it) before ending the step itself (a
 // frozen or lost rank).

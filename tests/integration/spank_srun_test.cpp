@@ -232,6 +232,23 @@ TEST(SrunDewPool, RankKilledBySignalIsNamed) {
   EXPECT_THAT(r.err, HasSubstr("dew: rank 1 ended with signal 11 (SIGSEGV)")) << describe(r);
 }
 
+// The node that ends the step sends SIGKILL to what caught its SIGTERM
+// kStepKillGrace later, but only while its own slurmstepd lives: here its
+// one task has ended, so it exits first. srun, which waits for every task,
+// ends the step again. (The same way out for a task that started after the
+// step's end reached its node, a Slurm launch race for a rank that fails in
+// the step's first ~200 ms, seen once in CI on 22.05.)
+TEST(SrunDewPool, ATaskOnAnotherNodeThatCatchesSigtermIsKilledWhenTheStepEnds) {
+  auto r = cluster().srun({"--dew-pool", "-N2", "-n2", "bash", "-c",
+                           "if [ \"$DEW_PROCESS_ID\" = 1 ]; then sleep 0.5; exit 3; fi; trap '' TERM; "
+                           "while :; do sleep 0.1; done"},
+                          {}, 60s);
+  EXPECT_FALSE(r.timed_out) << describe(r);
+  EXPECT_LT(r.seconds, 8.0) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("dew: rank 1 ended with exit code 3; ending step")) << describe(r);
+  EXPECT_EQ(std::regex_search(r.err, std::regex("rank 0 ended with")), false) << r.err;
+}
+
 TEST(SrunDewPool, KillOnBadExitOffLetsTheOthersFinish) {
   auto r = cluster().srun({"--dew-pool", "--dew-kill-on-bad-exit=no", "-N2", "-n4", "-l", "bash", "-c",
                            "if [ \"$DEW_PROCESS_ID\" = 1 ]; then exit 3; fi; sleep 2; echo finished"},

@@ -183,7 +183,11 @@ class TorchDdp(unittest.TestCase):
                 out = os.path.join(where, "losses.json")
                 argv = [DEW, "launch", "--processes-per-host", "4", "--", PYTHON, DDP, "--dew", "--checkpoint", where,
                         "--step-sleep", "0.3", "--out", out]
-                first = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                # The stop leaves the mark a job script asks for (DEW_STOP_MARK);
+                # the resumed run, which ends its training, leaves none.
+                mark, no_mark = os.path.join(where, "stopped"), os.path.join(where, "finished")
+                first = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                         env=dict(os.environ, DEW_STOP_MARK=mark))
                 pids = {}
                 for line in first.stdout:
                     match = re.match(r"\[(\d)\] PID (\d+)", line)
@@ -201,8 +205,10 @@ class TorchDdp(unittest.TestCase):
                 for rank in range(4):
                     self.assertIn(f"[{rank}] stopping at this stop_requested(), with every process: process 2 was "
                                   "asked to stop", err)
-                again, _ = run(argv)
+                self.assertTrue(os.path.isfile(mark) and os.path.getsize(mark) == 0, err)
+                again, _ = run(argv, env={"DEW_STOP_MARK": no_mark})
                 self.assertEqual(again.returncode, 0, again.stderr)
+                self.assertFalse(os.path.exists(no_mark))
                 self.assertIn(f"[0] RESUMED at step {saved.group(1)}", again.stdout)
                 self.check_against_one_process(out, 4)
 

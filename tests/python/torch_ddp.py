@@ -5,7 +5,7 @@ knows Dew, except `--dew`, which adds the two lines Dew asks for on top.
 
     torch_ddp.py [--dew] [--steps N] [--out FILE] [--fail-rank R --fail-step S [--fail-how HOW]] [--keep-alive]
                  [--watchdog SECONDS] [--stall-rank R --stall-step S] [--slow-rank R --slow-seconds T]
-                 [--checkpoint DIR [--step-sleep S]]
+                 [--checkpoint DIR [--step-sleep S] [--linger S]]
 
 --out: rank 0 writes {"losses": [...], "world": W, "env": {...}} there.
 --fail-rank/--fail-step: that rank's data loader fails at that step
@@ -22,7 +22,8 @@ the stall comes before the watched step, not inside it.
 --checkpoint (with --dew): resumable, as a script meant for time limits and preemption is
 written: it loads DIR/state.pt when there is one, calls pool.stop_requested() after every
 step, and when it is True rank 0 saves the state (whole file or none) and every rank returns;
-each rank prints "PID <pid>" first; --step-sleep slows each step.
+each rank prints "PID <pid>" first; --step-sleep slows each step; --linger: after the
+last step rank 0 prints "LINGERING" and every rank waits S seconds before it ends.
 """
 import argparse
 import json
@@ -48,6 +49,7 @@ parser.add_argument("--slow-rank", type=int, default=-1)
 parser.add_argument("--slow-seconds", type=float, default=0.0)
 parser.add_argument("--checkpoint")
 parser.add_argument("--step-sleep", type=float, default=0.0)
+parser.add_argument("--linger", type=float, default=0.0)
 args = parser.parse_args()
 
 if args.dew or args.watchdog:
@@ -151,4 +153,8 @@ if rank == 0 and args.out:
     names = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"]
     with open(args.out, "w") as f:
         json.dump({"losses": losses, "world": world, "env": {n: os.environ.get(n) for n in names}}, f)
+if args.linger:
+    if rank == 0:
+        print("LINGERING", flush=True)
+    time.sleep(args.linger)
 dist.destroy_process_group()
