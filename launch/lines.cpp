@@ -127,6 +127,9 @@ std::optional<SrunTaskEnd> srun_task_end(std::string_view line) {
 
 int slurm_exit_code(int srun_code, const std::vector<SrunTaskEnd>& ends, const std::optional<PeerBlame>& blame) {
   if (srun_code == 0) return 0;
+  if (blame && blame->exit_code && *blame->exit_code != 0) {
+    return *blame->exit_code == kPeerFailedExitCode ? 1 : *blame->exit_code;
+  }
   if (blame) {
     for (const auto& end : ends) {
       const bool named = std::find(end.tasks.begin(), end.tasks.end(), blame->rank) != end.tasks.end();

@@ -127,7 +127,9 @@ int Supervisor::run() {
   if (srun && !signalled_ && processes_[0]->status != 0) {
     exit_code_ = srun_exit_code();
     log_error("srun ended with " + describe_wait_status(processes_[0]->status) +
-              (blame_ ? "; the failing rank: rank " + std::to_string(blame_->rank) + " (" + blame_->why + ")" : "") +
+              (blame_ ? "; the failing rank: rank " + std::to_string(blame_->rank) +
+                            (blame_->node.empty() ? "" : " on " + blame_->node) + " (" + blame_->why + ")"
+                      : "") +
               "; exiting with " + std::to_string(exit_code_));
   }
   return exit_code_;
@@ -148,14 +150,28 @@ void Supervisor::emit(const Running& p, bool err, const std::string& line) {
   // people is beside it. Blame comes from records alone, never from the
   // wording of a line (a program may print anything).
   if (auto record = decode_failure_record(notice_tag_, line)) {
-    if (!blame_) blame_ = PeerBlame{record->rank, record->why};
+    take_record(*record);
     return;
   }
   note_line(p, line);
   write_all(err ? 2 : 1, p.rank < 0 ? relabel_srun_line(line) : rank_line(p.rank, line));
 }
 
-// How srun says its tasks ended (Slurm's own lines).
+// The first record names the failure; a later one of the same rank adds
+// what the first could not know (a peer's word has no exit code or node;
+// the plugin's verdict and the process's own record have both).
+void Supervisor::take_record(const FailureRecord& record) {
+  if (!blame_) {
+    blame_ = PeerBlame{record.rank, record.why, record.exit_code, record.node};
+    return;
+  }
+  if (blame_->rank != record.rank) return;
+  if (!blame_->exit_code) blame_->exit_code = record.exit_code;
+  if (blame_->node.empty()) blame_->node = record.node;
+}
+
+// How srun says its tasks ended (Slurm's own lines): the exit code of a
+// failure no record told (srun without the plugin).
 void Supervisor::note_line(const Running& p, const std::string& line) {
   if (p.rank < 0) {
     if (auto end = srun_task_end(line)) srun_ends_.push_back(std::move(*end));

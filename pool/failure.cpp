@@ -217,6 +217,10 @@ void say_failure_record(const FailureRecord& record) {
 
 }  // namespace
 
+void Pool::State::say_own_failure_record(const std::string& error, int exit_code) const {
+  say_failure_record(FailureRecord{identity.rank, error, exit_code, identity.hostname, failure_seen_now_us()});
+}
+
 void Pool::State::end_for_peer(const PeerFailure& failed) {
   if (failing.load() || ending.exchange(true)) wait_for_the_end();
   // A peer stopped from outside (stopped_by_signal) did not fail: said as a stop.
@@ -224,7 +228,8 @@ void Pool::State::end_for_peer(const PeerFailure& failed) {
     log_info("ending: process " + std::to_string(failed.rank) + " was " + failed.message);
   } else {
     log_error("ending: process " + std::to_string(failed.rank) + " failed: " + failed.message);
-    say_failure_record(FailureRecord{failed.rank, failed.message});
+    // A peer's word: the failed process's exit code and node are its own.
+    say_failure_record(FailureRecord{failed.rank, failed.message, std::nullopt, "", failure_seen_now_us()});
   }
   run_before_exit(settings.exit_bound, kPeerFailedExitCode);
   // Process 0's service dies with it: let the failure reach everyone first.
@@ -236,6 +241,7 @@ void Pool::State::end_for_peer(const PeerFailure& failed) {
 void Pool::State::fail(const std::string& error, int exit_code) {
   if (failing.exchange(true) || ending.load()) wait_for_the_end();
   log_error("error: " + error);
+  say_own_failure_record(error, exit_code);
   if (client) {
     client->publish_failure(error, timings::kFailureFlush);
     // Process 0 hosts the service: its own failure must reach every peer
@@ -248,14 +254,15 @@ void Pool::State::fail(const std::string& error, int exit_code) {
   ::_exit(exit_code);
 }
 
-void Pool::State::announce_end(const std::string& line, const std::string& message, bool error) {
-  if (failing.exchange(true) || ending.load() || (client && client->failure())) return;
+bool Pool::State::announce_end(const std::string& line, const std::string& message, bool error) {
+  if (failing.exchange(true) || ending.load() || (client && client->failure())) return false;
   error ? log_error(line) : log_info(line);
-  if (!client) return;
+  if (!client) return true;
   // The process lives on a while: the frame needs no wait to leave it,
   // except from process 0, whose service must push it before it ends.
   client->publish_failure(message, std::chrono::milliseconds(0));
   if (service) service->flush_failure(timings::kStopNoticeFlush);
+  return true;
 }
 
 void Pool::State::stopped_by_signal(int signal_number) {
@@ -269,7 +276,7 @@ void Pool::State::stopped_by_signal(int signal_number) {
 void Pool::stopped_by_signal(int signal_number) { state_->stopped_by_signal(signal_number); }
 
 void Pool::announce_failure(const std::string& error, int exit_code) {
-  state_->announce_end("error: " + error, error, true);
+  if (state_->announce_end("error: " + error, error, true)) state_->say_own_failure_record(error, exit_code);
   // Peers have ended by now, and launchers wait only a moment for the
   // process they name: the rest of its exit (a framework's teardown over
   // connections whose peers are gone) is bounded.

@@ -73,8 +73,12 @@ struct Pool::State {
   [[noreturn]] void fail(const std::string& error, int exit_code);
   // See Pool::stopped_by_signal and Pool::announce_failure: `line` said
   // here (an error, or info), `message` published; the process goes on.
+  // False when the pool was already ending (nothing said).
   void stopped_by_signal(int signal_number);
-  void announce_end(const std::string& line, const std::string& message, bool error);
+  bool announce_end(const std::string& line, const std::string& message, bool error);
+  // The record of this process's own failure for a Dew launcher
+  // (dew/failure_record.h): its rank, node and exit code.
+  void say_own_failure_record(const std::string& error, int exit_code) const;
   // The pool fails because `late` never came (to the join, an agreement, a
   // gather): published once (by process 0 when it waits too), every process
   // ending as their peer, naming the first.

@@ -39,6 +39,7 @@ extern const unsigned int plugin_version = SLURM_VERSION_NUMBER;
 extern const unsigned int spank_plugin_version = 0;
 }
 
+#include "dew/exit_status.h"
 #include "dew/failure_record.h"
 #include "dew/slurm_step.h"
 #include "dew/text.h"
@@ -326,21 +327,25 @@ int task_init(spank_t sp) {
   return 0;
 }
 
+// This node's word of a rank's failure, as srun's notice and a record say it.
+FailureNotice failure_seen(spank_t sp, std::uint32_t rank, int wait_status, const std::string& line) {
+  FailureNotice notice;
+  notice.rank = rank;
+  notice.exit_code = exit_code_of(wait_status);
+  notice.ended_at_us = failure_seen_now_us();
+  notice.node = task_getenv(sp, "SLURMD_NODENAME").value_or("?");
+  notice.line = line;
+  return notice;
+}
+
 // This node's failure notice to srun (step_verdict.h); false when srun gave
 // no port or did not take it.
-bool tell_srun(spank_t sp, std::uint32_t rank, std::uint32_t job, std::uint32_t step, const std::string& line) {
+bool tell_srun(spank_t sp, const FailureNotice& notice, std::uint32_t job, std::uint32_t step) {
   const auto host = task_getenv(sp, "SLURM_SRUN_COMM_HOST");
   const auto port = task_getenv(sp, kVerdictPortCarrier);
   const auto secret = task_getenv(sp, kSecretCarrier);
   const auto port_number = port ? parse_whole<std::uint16_t>(*port) : std::nullopt;
   if (!host || !port_number || !secret) return false;
-  FailureNotice notice;
-  notice.rank = rank;
-  notice.ended_at_us =
-      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
-          .count();
-  notice.node = task_getenv(sp, "SLURMD_NODENAME").value_or("?");
-  notice.line = line;
   return send_failure_notice(*host, *port_number, encode_failure_notice(notice, job, step, *secret), kNoticeBound);
 }
 
@@ -374,11 +379,12 @@ int task_exit(spank_t sp) {
   // not answer names its own.
   if (g_step_ending) return 0;
   g_step_ending = true;
-  if (tell_srun(sp, rank, job, step, end.line)) {
+  const FailureNotice failure = failure_seen(sp, rank, status, end.line);
+  if (tell_srun(sp, failure, job, step)) {
     slurm_info("dew: %s (said to srun)", end.line.c_str());
   } else {
     slurm_error("dew: %s", end.line.c_str());
-    say_failure_record(task_getenv(sp, kNoticeTagVariable), rank, end.line);
+    say_failure_record(task_getenv(sp, kNoticeTagVariable), failure);
     // Give slurmstepd's I/O thread a moment to forward the line to srun
     // before the end of the step tears its I/O down: without the pause 4
     // lines in 10 were lost here; with 100 ms none in 30.

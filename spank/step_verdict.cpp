@@ -13,7 +13,7 @@ namespace dew::spank {
 namespace {
 
 constexpr std::string_view kMagic = "dew-failure-notice";
-constexpr std::string_view kVersion = "1";
+constexpr std::string_view kVersion = "2";
 // A rank's line from classify_task_end, and a node's name, are short; the
 // bound keeps a notice within kFailureNoticeMaxBytes.
 constexpr std::size_t kLineMaxBytes = 600;
@@ -47,7 +47,7 @@ Error bad_notice(std::string_view what) {
 std::string encode_failure_notice(const FailureNotice& notice, std::uint32_t job, std::uint32_t step,
                                   std::string_view secret) {
   const std::string body = std::string(kMagic) + " " + std::string(kVersion) + " " + step_text(job, step) + " " +
-                           std::to_string(notice.rank) + " " +
+                           std::to_string(notice.rank) + " " + std::to_string(notice.exit_code) + " " +
                            std::to_string(std::max<std::int64_t>(notice.ended_at_us, 0)) + " " +
                            hex_of(std::string_view(notice.node).substr(0, kNodeMaxBytes)) + " " +
                            hex_of(std::string_view(notice.line).substr(0, kLineMaxBytes));
@@ -59,22 +59,26 @@ Result<FailureNotice> decode_failure_notice(std::string_view text, std::uint32_t
   if (text.size() > kFailureNoticeMaxBytes) return bad_notice("longer than " + std::to_string(kFailureNoticeMaxBytes));
   if (!text.empty() && text.back() == '\n') text.remove_suffix(1);
   const auto fields = split(text, ' ');
-  if (fields.size() != 8 || fields[0] != kMagic) return bad_notice("not a failure notice: " + quoted(text));
+  if (fields.size() != 9 || fields[0] != kMagic) return bad_notice("not a failure notice: " + quoted(text));
   if (fields[1] != kVersion) return bad_notice("version " + quoted(fields[1]) + ", not " + std::string(kVersion));
   const auto body = text.substr(0, text.rfind(' '));
   const std::string expected = mac_hex(body, secret);
-  if (fields[7].size() != expected.size() || sodium_memcmp(expected.data(), fields[7].data(), expected.size()) != 0) {
+  if (fields[8].size() != expected.size() || sodium_memcmp(expected.data(), fields[8].data(), expected.size()) != 0) {
     return bad_notice("not tagged with this step's pool secret");
   }
   if (fields[2] != step_text(job, step))
     return bad_notice("of step " + quoted(fields[2]) + ", not " + step_text(job, step));
   FailureNotice notice;
   const auto rank = parse_whole<std::uint32_t>(fields[3]);
-  const auto at = parse_whole<std::int64_t>(fields[4]);
-  auto node = from_hex(fields[5]);
-  auto line = from_hex(fields[6]);
-  if (!rank || !at || !node || !line) return bad_notice("a field that does not parse: " + quoted(text));
+  const auto code = parse_whole<int>(fields[4]);
+  const auto at = parse_whole<std::int64_t>(fields[5]);
+  auto node = from_hex(fields[6]);
+  auto line = from_hex(fields[7]);
+  if (!rank || !code || *code > 255 || !at || !node || !line) {
+    return bad_notice("a field that does not parse: " + quoted(text));
+  }
   notice.rank = *rank;
+  notice.exit_code = *code;
   notice.ended_at_us = *at;
   notice.node = one_line(*node);
   notice.line = one_line(*line);
@@ -95,6 +99,7 @@ std::optional<StepVerdict::Lines> StepVerdict::say() {
                    [](const FailureNotice& a, const FailureNotice& b) { return a.ended_at_us < b.ended_at_us; });
   first_ = notices_.front();
   Lines lines;
+  lines.named = *first_;
   lines.rank = first_->rank;
   lines.verdict = first_->line + "; node " + first_->node;
   if (notices_.size() > 1) {

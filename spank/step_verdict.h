@@ -33,12 +33,14 @@ struct FailureNotice {
   std::string node;
   // classify_task_end's line: "rank 2 ended with exit code 1; ending step 12.0 (kill-on-bad-exit)".
   std::string line;
+  // The task's own exit code as a shell gives it (128 + a signal).
+  int exit_code = 0;
 };
 
 // A notice is one line of text, at most this long with its newline.
 inline constexpr std::size_t kFailureNoticeMaxBytes = 2048;
 
-// "dew-failure-notice 1 JOB.STEP RANK ENDED_US NODE_HEX LINE_HEX MAC_HEX\n";
+// "dew-failure-notice 2 JOB.STEP RANK EXIT_CODE ENDED_US NODE_HEX LINE_HEX MAC_HEX\n";
 // MAC: HMAC-SHA-256 keyed by the step's pool secret over the text before it.
 std::string encode_failure_notice(const FailureNotice& notice, std::uint32_t job, std::uint32_t step,
                                   std::string_view secret);
@@ -51,6 +53,7 @@ Result<FailureNotice> decode_failure_notice(std::string_view text, std::uint32_t
 class StepVerdict {
  public:
   struct Lines {
+    FailureNotice named;             // the notice of the rank named
     std::uint32_t rank = 0;          // the rank named
     std::string verdict;             // the step's failure, for srun's stderr
     std::vector<std::string> after;  // the others, for srun -v

@@ -22,11 +22,13 @@ extern "C" {
 
 namespace dew::spank {
 
-void say_failure_record(const std::optional<std::string>& tag, std::uint32_t rank, const std::string& line) {
+void say_failure_record(const std::optional<std::string>& tag, const FailureNotice& failure) {
   if (!tag || tag->empty()) return;
-  const std::string said = "rank " + std::to_string(rank) + " ";
+  const std::string said = "rank " + std::to_string(failure.rank) + " ";
+  const std::string& line = failure.line;
   const std::string why = line.rfind(said, 0) == 0 ? line.substr(said.size()) : line;
-  slurm_error("%s", encode_failure_record(*tag, FailureRecord{static_cast<int>(rank), why}).c_str());
+  const FailureRecord record{static_cast<int>(failure.rank), why, failure.exit_code, failure.node, failure.ended_at_us};
+  slurm_error("%s", encode_failure_record(*tag, record).c_str());
 }
 
 namespace {
@@ -58,7 +60,9 @@ void say(StepVerdict& verdict) {
   if (!lines) return;
   slurm_error("dew: %s", lines->verdict.c_str());
   const char* tag = std::getenv(kNoticeTagVariable);
-  say_failure_record(tag ? std::optional<std::string>(tag) : std::nullopt, lines->rank, lines->verdict);
+  FailureNotice named = lines->named;
+  named.line = lines->verdict;
+  say_failure_record(tag ? std::optional<std::string>(tag) : std::nullopt, named);
   // srun -v: not a verdict of their own.
   for (const auto& line : lines->after) slurm_verbose("dew: %s", line.c_str());
 }

@@ -12,13 +12,15 @@
 #include <string>
 #include <thread>
 
+#include "step_verdict.h"
+
 namespace dew::spank {
 
 // The record of a rank's failure for `dew launch` (dew/failure_record.h),
 // beside the line for people, when the launch's tag is set (srun's
-// environment, or the job's on a node): `line` is classify_task_end's
-// "rank R ended with ...".
-void say_failure_record(const std::optional<std::string>& tag, std::uint32_t rank, const std::string& line);
+// environment, or the job's on a node): the failure's rank, exit code,
+// node and time, and its line (classify_task_end's "rank R ended with ...").
+void say_failure_record(const std::optional<std::string>& tag, const FailureNotice& failure);
 
 class VerdictListener {
  public:

@@ -289,6 +289,8 @@ std::size_t pick_failure(const std::vector<std::pair<int, int>>& failures);
 struct PeerBlame {
   int rank = 0;
   std::string why;
+  std::optional<int> exit_code;  // its own, once a record says it (the plugin's verdict, its own record)
+  std::string node;              // likewise; empty until then
 };
 
 // srun's own line about tasks that ended ("srun: error: n1: tasks 0,2-3:
@@ -300,9 +302,11 @@ struct SrunTaskEnd {
 };
 std::optional<SrunTaskEnd> srun_task_end(std::string_view line);
 
-// What `dew launch --slurm` exits with, from srun's exit code and what its
-// lines said: the failing rank's code (the rank a peer blamed, else the
-// first task that ended with neither 0 nor 75), never kPeerFailedExitCode.
+// What `dew launch --slurm` exits with: the named rank's own exit code as a
+// record said it; else (no record had it: srun without the plugin, a rank
+// that died without a word) from srun's exit code and its lines: the
+// blamed rank's code, else the first task that ended with neither 0 nor
+// 75; never kPeerFailedExitCode.
 int slurm_exit_code(int srun_code, const std::vector<SrunTaskEnd>& ends, const std::optional<PeerBlame>& blame);
 
 }  // namespace dew::launch

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "dew/failure_record.h"
 #include "dew/launch_plan.h"
 #include "dew/process.h"
 
@@ -61,6 +62,7 @@ class Supervisor {
   // To every running process's group but `sparing` (a rank), if given.
   void signal_all(int signo, std::optional<int> sparing = std::nullopt);
   void note_line(const Running& p, const std::string& line);
+  void take_record(const FailureRecord& record);
   void report_blamed(const Running& peer);
   void say_awaited_end(const Running& p);
   int srun_exit_code() const;

@@ -785,11 +785,12 @@ void fuzz_failure_notice(Bytes& bytes) {
   }
   const auto cut = text.find('\0');
   FailureNotice made{job, static_cast<std::int64_t>(text.size()) - 100, std::string(text.substr(0, cut)),
-                     std::string(cut == std::string_view::npos ? "" : text.substr(cut + 1))};
+                     std::string(cut == std::string_view::npos ? "" : text.substr(cut + 1)),
+                     static_cast<int>(text.size() % 256)};
   const auto encoded = encode_failure_notice(made, job, step, kNoticeSecret);
   FUZZ_CHECK(encoded.size() <= kFailureNoticeMaxBytes && encoded.find('\n') == encoded.size() - 1);
   auto back = decode_failure_notice(encoded, job, step, kNoticeSecret);
-  FUZZ_CHECK(back.ok() && back.value().rank == made.rank &&
+  FUZZ_CHECK(back.ok() && back.value().rank == made.rank && back.value().exit_code == made.exit_code &&
              back.value().ended_at_us == std::max<std::int64_t>(made.ended_at_us, 0));
   FUZZ_CHECK(back.value().line.find('\n') == std::string::npos && back.value().node.find('\n') == std::string::npos);
   FUZZ_CHECK(!decode_failure_notice(encoded, job, step + 1, kNoticeSecret).ok());
@@ -806,15 +807,20 @@ void fuzz_failure_notice(Bytes& bytes) {
 void fuzz_failure_record(Bytes& bytes) {
   constexpr std::string_view kTag = "0123456789abcdef";
   const auto rank = static_cast<int>(bytes.u32() & 0x7fffffff);
+  const auto code = bytes.u32() % 300;
+  const auto seen = static_cast<std::int64_t>(bytes.u32());
   const std::string_view text = bytes.text();
   if (const auto read = decode_failure_record(kTag, text)) {
     FUZZ_CHECK(decode_failure_record(kTag, encode_failure_record(kTag, *read)) == read);
   }
-  const FailureRecord made{rank, std::string(text)};
+  const FailureRecord made{rank, std::string(text),
+                           code < 256 ? std::optional<int>(static_cast<int>(code)) : std::nullopt,
+                           std::string(text.substr(0, text.size() / 2)), seen};
   const std::string line = encode_failure_record(kTag, made);
   FUZZ_CHECK(line.find('\n') == std::string::npos);
   const auto back = decode_failure_record(kTag, line);
-  FUZZ_CHECK(back && back->rank == rank && made.why.starts_with(back->why));
+  FUZZ_CHECK(back && back->rank == rank && made.why.starts_with(back->why) && back->exit_code == made.exit_code &&
+             made.node.starts_with(back->node) && back->seen_at_us == seen);
   FUZZ_CHECK(!decode_failure_record("ffffffffffffffff", line));
 }
 

@@ -88,7 +88,8 @@ TEST(LaunchSlurm, AFailedTaskEndsTheStep) {
 
 TEST(LaunchSlurm, ARuntimePoolsFailureGivesTheFailingRanksCodeAndOnePrefix) {
   // libdew's peers end with 75 and srun with the largest code, 75: the
-  // launcher exits with rank 1's own code, read from srun's lines.
+  // launcher exits with rank 1's own code, and names its node, from the
+  // failure records (rank 1's own, and the plugin's verdict).
   auto r = cluster().command(
       {"salloc", "-N2", "--ntasks-per-node=2", "--quiet", dew_exe(), "launch", "--slurm", "--processes-per-host", "2",
        "--coordinator", cluster().node_address("n1"), "--", pool_worker(), "fail", "1", "3"},
@@ -96,7 +97,7 @@ TEST(LaunchSlurm, ARuntimePoolsFailureGivesTheFailingRanksCodeAndOnePrefix) {
   EXPECT_EQ(r.exit_code, 3) << describe(r);
   EXPECT_THAT(r.err, HasSubstr("[1] error: data loader raised on rank 1")) << describe(r);
   EXPECT_THAT(r.err, Not(HasSubstr("[1] [1]"))) << "libdew's prefix and srun's label: once";
-  EXPECT_THAT(r.err, HasSubstr("the failing rank: rank 1")) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("the failing rank: rank 1 on n1 (")) << describe(r);
 }
 
 // A slurm.conf whose plugstack.conf loads nothing: srun without the plugin.

@@ -67,15 +67,27 @@ TEST(Output, SrunsTaskLinesGiveTasksAndCodes) {
 TEST(Output, UnderSlurmTheLauncherExitsWithTheFailingRanksCodeNever75) {
   const std::vector<SrunTaskEnd> peers_first = {{{3}, 75}, {{0, 2}, 75}, {{1}, 3}};
   EXPECT_EQ(slurm_exit_code(75, peers_first, std::nullopt), 3);
-  EXPECT_EQ(slurm_exit_code(75, peers_first, PeerBlame{1, "x"}), 3);
+  EXPECT_EQ(slurm_exit_code(75, peers_first, PeerBlame{1, "x", std::nullopt, ""}), 3);
   // Killed bystanders do not hide the task that exited on its own.
   EXPECT_EQ(slurm_exit_code(143, {{{3}, 143}, {{1}, 2}}, std::nullopt), 2);
   // A frozen rank, blamed by its peers, ended by the step's end.
-  EXPECT_EQ(slurm_exit_code(75, {{{0, 2, 3}, 75}, {{1}, 128 + SIGTERM}}, PeerBlame{1, "stopped answering"}),
-            128 + SIGTERM);
+  EXPECT_EQ(
+      slurm_exit_code(75, {{{0, 2, 3}, 75}, {{1}, 128 + SIGTERM}}, PeerBlame{1, "stopped answering", std::nullopt, ""}),
+      128 + SIGTERM);
   EXPECT_EQ(slurm_exit_code(75, {{{0, 1}, 75}}, std::nullopt), 1) << "only 75s and nobody named: 1, never 75";
   EXPECT_EQ(slurm_exit_code(0, {}, std::nullopt), 0);
   EXPECT_EQ(slurm_exit_code(1, {}, std::nullopt), 1) << "srun's own failure";
+}
+
+// The plugin's verdict, or the failing process's own record, says its exit
+// code: srun's lines (their wording, their order) are not read for it.
+TEST(Output, UnderSlurmARecordsExitCodeIsTheLaunchersWhateverSrunsLinesSaid) {
+  const PeerBlame said{1, "ended with exit code 7", 7, "n2"};
+  EXPECT_EQ(slurm_exit_code(75, {}, said), 7) << "no srun line at all";
+  EXPECT_EQ(slurm_exit_code(75, {{{0, 2, 3}, 75}, {{1}, 9}}, said), 7);
+  EXPECT_EQ(slurm_exit_code(0, {}, said), 0) << "srun ended well: nothing failed";
+  const PeerBlame peer_word{1, "stopped answering", 75, ""};
+  EXPECT_EQ(slurm_exit_code(75, {}, peer_word), 1) << "never 75";
 }
 
 }  // namespace

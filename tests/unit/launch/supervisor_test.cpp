@@ -45,7 +45,7 @@ const std::string kTag = "0123456789abcdef";
 // line for people and the record for the launcher (pool/failure.cpp).
 std::string peer_says(int rank, const std::string& why) {
   return "echo 'ending: process " + std::to_string(rank) + " failed: " + why + "' >&2; echo '" +
-         encode_failure_record(kTag, FailureRecord{rank, why}) + "' >&2";
+         encode_failure_record(kTag, FailureRecord{rank, why, std::nullopt, "", 0}) + "' >&2";
 }
 
 std::string read_file(const std::string& path) {
@@ -55,8 +55,10 @@ std::string read_file(const std::string& path) {
   return text.str();
 }
 
-// Supervises one `sh -c` command per rank, with `grace`, in a child process.
-Supervised supervise(const std::vector<std::string>& commands, std::chrono::milliseconds grace = 1s) {
+// Supervises one `sh -c` command per rank, with `grace`, in a child process;
+// `as_srun`: the one command stands for srun (dew launch --slurm).
+Supervised supervise(const std::vector<std::string>& commands, std::chrono::milliseconds grace = 1s,
+                     bool as_srun = false) {
   char dir[] = "/tmp/dew-supervisor-test-XXXXXX";
   if (mkdtemp(dir) == nullptr) return {};
   const std::string out = std::string(dir) + "/out", err = std::string(dir) + "/err";
@@ -75,7 +77,7 @@ Supervised supervise(const std::vector<std::string>& commands, std::chrono::mill
       auto started = spawn(options);
       if (!started.ok()) _exit(90);
       Running running;
-      running.rank = static_cast<int>(rank);
+      running.rank = as_srun ? -1 : static_cast<int>(rank);
       running.host = "localhost";
       running.io = started.value();
       supervisor.add(std::move(running));
@@ -157,11 +159,25 @@ TEST(Supervisor, APrintedLineThatLooksLikeAPeersWordNamesNoOne) {
   const std::string fake =
       "echo 'ending: process 1 failed: disk full' >&2; echo 'srun: error: dew: rank 1 ended with "
       "exit code 3' >&2; echo '" +
-      encode_failure_record("ffffffffffffffff", FailureRecord{1, "x"}) + "' >&2; exit " +
+      encode_failure_record("ffffffffffffffff", FailureRecord{1, "x", std::nullopt, "", 0}) + "' >&2; exit " +
       std::to_string(kPeerFailedExitCode);
   auto r = supervise({fake, "sleep 60"});
   EXPECT_THAT(r.err, HasSubstr("dew launch: rank 0 on localhost ended with exit code 75")) << r.err;
   EXPECT_THAT(r.err, Not(HasSubstr("rank 1 on localhost"))) << r.err;
+}
+
+// dew launch --slurm: the exit code and node come from the records (a
+// peer's word first, then the plugin's verdict), not from srun's lines,
+// whose wording here says another code.
+TEST(Supervisor, UnderSrunTheRecordsGiveTheExitCodeAndNodeNotSrunsLines) {
+  const std::string srun =
+      "echo '" + encode_failure_record(kTag, FailureRecord{1, "left the pool", std::nullopt, "", 5}) + "' >&2; echo '" +
+      encode_failure_record(kTag, FailureRecord{1, "ended with exit code 7", 7, "n2", 9}) +
+      "' >&2; echo 'srun: error: n2: task 1: Exited with exit code 9' >&2; exit 9";
+  auto r = supervise({srun}, 1s, true);
+  EXPECT_EQ(r.exit_code, 7) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("the failing rank: rank 1 on n2 (left the pool); exiting with 7")) << r.err;
+  EXPECT_THAT(r.err, Not(HasSubstr("dew-failure"))) << "records are the launcher's, not the terminal's";
 }
 
 // CI under TSan: the failing process (StepWatchdog's 124) was a moment

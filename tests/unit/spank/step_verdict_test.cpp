@@ -19,7 +19,7 @@ constexpr std::string_view kSecret = "6b1f0e2a9c4d4e7f8a1b2c3d4e5f60718293a4b5c6
 
 FailureNotice notice(std::uint32_t rank, std::int64_t at_us, std::string node) {
   return {rank, at_us, std::move(node),
-          "rank " + std::to_string(rank) + " ended with exit code 1; ending step 12.0 (kill-on-bad-exit)"};
+          "rank " + std::to_string(rank) + " ended with exit code 1; ending step 12.0 (kill-on-bad-exit)", 1};
 }
 
 TEST(FailureNotice, ANoticeReadsBackAsSent) {
@@ -33,6 +33,7 @@ TEST(FailureNotice, ANoticeReadsBackAsSent) {
   EXPECT_EQ(read.value().rank, 2u);
   EXPECT_EQ(read.value().ended_at_us, 1765000000123456);
   EXPECT_EQ(read.value().node, "n2");
+  EXPECT_EQ(read.value().exit_code, 1) << "the launcher's exit code comes from it";
   EXPECT_EQ(read.value().line,
             "rank 2 ended with exit code 1; ending step 12.0 (kill-on-bad-exit) with spaces; and a newline")
       << "control bytes of a line never reach srun's stderr";
@@ -58,10 +59,11 @@ TEST(FailureNotice, AnotherSecretAnotherStepOrAnAlteredFieldIsRefused) {
   EXPECT_THAT(other_step.error().message, HasSubstr("of step '12.0', not 12.1"));
   // The rank changed on the way (2 -> 3): the tag no longer matches.
   std::string altered = text;
-  altered.replace(altered.find(" 2 5 "), 5, " 3 5 ");
+  altered.replace(altered.find(" 2 1 5 "), 7, " 3 1 5 ");
   EXPECT_FALSE(decode_failure_notice(altered, 12, 0, kSecret).ok());
-  for (const std::string& bad : std::vector<std::string>{
-           "", "\n", "hello\n", "dew-failure-notice 2 12.0 2 5 6e32 72 00\n", std::string(5000, 'x')}) {
+  for (const std::string& bad :
+       std::vector<std::string>{"", "\n", "hello\n", "dew-failure-notice 2 12.0 2 1 5 6e32 72 00\n",
+                                "dew-failure-notice 1 12.0 2 5 6e32 72 00\n", std::string(5000, 'x')}) {
     auto read = decode_failure_notice(bad, 12, 0, kSecret);
     ASSERT_FALSE(read.ok()) << bad;
     EXPECT_THAT(read.error().message, StartsWith("failure notice refused: ")) << bad;
