@@ -56,7 +56,6 @@ namespace {
 
 // Steps Slurm runs for itself (batch script, extern, interactive): never pools.
 constexpr std::uint32_t kFirstSpecialStep = 0xfffffff0u;
-constexpr std::chrono::microseconds kLinePause{100000};
 
 PlugstackConfig g_config;
 // A plugstack.conf line that does not parse: kept, not fatal, so that steps
@@ -385,10 +384,8 @@ int task_exit(spank_t sp) {
   } else {
     slurm_error("dew: %s", end.line.c_str());
     say_failure_record(task_getenv(sp, kNoticeTagVariable), failure);
-    // Give slurmstepd's I/O thread a moment to forward the line to srun
-    // before the end of the step tears its I/O down: without the pause 4
-    // lines in 10 were lost here; with 100 ms none in 30.
-    usleep(kLinePause.count());
+    // The line's way to srun has no acknowledgement: kNodeLinePause.
+    usleep(static_cast<useconds_t>(std::chrono::microseconds(kNodeLinePause).count()));
   }
   g_step_ender.end_now(job, step);
   return 0;

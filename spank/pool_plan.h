@@ -182,6 +182,7 @@ enum class TaskEnd {
 // later to any that caught it. A task killed by SIGKILL before that (the OOM
 // killer, kill -9) is a failure of its own and is named.
 inline constexpr int kStepEndSignal = 15;  // SIGTERM
+using timings::kNodeLinePause;
 using timings::kSrunStepKillAfter;
 using timings::kStepKillGrace;  // dew/failure_timings.h
 // How long a node that saw only peers' 75s waits for the failing rank's own
