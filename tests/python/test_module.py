@@ -408,6 +408,37 @@ class DesignPageApi(unittest.TestCase):
         self.assertIn("caught invalid argument", done.stdout, done.stderr)
         self.assertEqual(done.returncode, 1, "another exception ends it as Python does: " + done.stderr)
 
+    def test_slurms_warning_does_not_interrupt_the_main_threads_system_calls(self):
+        # Slurm's warning (SIGUSR1) comes whenever its periodic look finds it
+        # due: inside torch's init_process_group it made TCPStore fail with
+        # "Interrupted system call" (CI under load). From prepare_process() on
+        # it marks a stop without interrupting the main thread; the next
+        # stop_requested() is True. A forked child does not inherit the block.
+        code = ("import ctypes, dew, os, signal, threading, time\n"
+                "pool = dew.prepare_process()\n"
+                "libc = ctypes.CDLL(None, use_errno=True)\n"
+                "class timespec(ctypes.Structure):\n"
+                "    _fields_ = [('s', ctypes.c_long), ('ns', ctypes.c_long)]\n"
+                "threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGUSR1)).start()\n"
+                "left = timespec(0, 0)\n"
+                "slept = libc.nanosleep(ctypes.byref(timespec(1, 0)), ctypes.byref(left))\n"
+                "print('nanosleep', slept, ctypes.get_errno() if slept else 0)\n"
+                "print('stop', pool.stop_requested())\n"
+                "child = os.fork()\n"
+                "if child == 0:\n"
+                "    signal.signal(signal.SIGUSR1, signal.SIG_DFL)\n"
+                "    time.sleep(5)\n"
+                "    os._exit(0)\n"
+                "time.sleep(0.5)\n"
+                "os.kill(child, signal.SIGUSR1)\n"
+                "print('child', os.waitpid(child, 0)[1] & 0x7f)\n")
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertIn("nanosleep 0 0\n", done.stdout, done.stderr)
+        self.assertIn("stop True\n", done.stdout, done.stderr)
+        self.assertIn(f"child {int(signal.SIGUSR1)}\n", done.stdout, "the child, back at SIGUSR1's default, ended by it")
+        self.assertIn("got signal 10 (SIGUSR1): every process stops", done.stderr)
+
     def test_sigterm_from_a_launcher_flushes_and_runs_finally(self):
         import tempfile
         code = ("import dew, os, signal, sys, time\npool = dew.prepare_process()\nprint('unflushed')\n"

@@ -192,8 +192,10 @@ TEST(CoordinationService, EachWaiterOfARoundRunsOutOfItsOwnPatience) {
 }
 
 // 10,000 connections that never authenticate (before the cap: 660 MB in
-// process 0, kept after they closed, and a real join 9.5 s late).
-TEST(CoordinationService, AFloodOfStrangersIsCappedInCountAndMemoryAndARealJoinStillJoinsWithinASecond) {
+// process 0, kept after they closed, and a real join 9.5 s late). The join
+// is timed from its process's start: 0.3 s on an idle machine, 1.1 s once in
+// CI with both cores busy with other tests; 3 s still tells a starved join.
+TEST(CoordinationService, AFloodOfStrangersIsCappedInCountAndMemoryAndARealJoinStillJoinsWithinSeconds) {
   rlimit files{};
   getrlimit(RLIMIT_NOFILE, &files);
   files.rlim_cur = std::min<rlim_t>(files.rlim_max, 12000);
@@ -240,7 +242,7 @@ TEST(CoordinationService, AFloodOfStrangersIsCappedInCountAndMemoryAndARealJoinS
   const double flooded = status_mib(zero.pid(), "VmRSS");
   ASSERT_TRUE(ready) << zero.err() << one.err();
   if (!kSanitizer) {
-    EXPECT_LT(joined_in, 1.0) << "process 1 joined " << joined_in << " s after it started, beside " << flood
+    EXPECT_LT(joined_in, 3.0) << "process 1 joined " << joined_in << " s after it started, beside " << flood
                               << " idle connections\n"
                               << zero.err();
   }
