@@ -10,6 +10,14 @@
 // it is in, which torch's TCPStore inside init_process_group does not retry
 // ("RuntimeError: Interrupted system call", seen in CI under load). Another
 // thread takes it, or it waits, pending, for the next stop_requested().
+//
+// SIGTERM stays with a Python handler (on the main thread) once armed: a
+// blocked signal stays blocked through exec in what the script starts with
+// subprocess or multiprocessing's spawn (vfork runs no atfork handler), and
+// those must still end by scancel's SIGTERM. A program started so ignoring
+// Slurm's warning is harmless (its default would kill it). By the time the
+// loop arms the stop, torch's store calls on the main thread (the ones that
+// do not retry) are behind it: its collectives wait on their own threads.
 #include <fcntl.h>
 #include <pthread.h>
 #include <unistd.h>

@@ -6,8 +6,14 @@
 #include <string>
 
 extern "C" {
+#include <slurm/slurm.h>
 #include <slurm/spank.h>
 }
+
+// Provided by srun at run time (libslurmfull), declared by Slurm's own
+// header; weak, as slurm_kill_job_step is (step_end.cpp).
+#pragma weak slurm_load_ctl_conf
+#pragma weak slurm_free_ctl_conf
 
 #include "dew/hex.h"
 #include "dew/slurm_step.h"
@@ -36,10 +42,41 @@ int look_up_rank0_node() {
   return setenv(kRank0AddressCarrier, carried.c_str(), 1) == 0 ? 0 : -1;
 }
 
+namespace {
+
+// Slurm's SrunPortRange, when the site sets one: the only ports its firewall
+// lets the nodes reach srun on. srun has read slurm.conf, but only
+// slurmctld's copy is public (one RPC, once per pool step).
+std::optional<PortRange> srun_port_range() {
+  if (slurm_load_ctl_conf == nullptr || slurm_free_ctl_conf == nullptr) return std::nullopt;
+  slurm_conf_t* conf = nullptr;
+  if (slurm_load_ctl_conf(0, &conf) != 0 || conf == nullptr) {
+    slurm_verbose("dew: slurm_load_ctl_conf failed: the failure notices' port is one the kernel picks");
+    return std::nullopt;
+  }
+  std::optional<PortRange> range;
+  if (conf->srun_port_range != nullptr && conf->srun_port_range[0] != 0 &&
+      conf->srun_port_range[0] <= conf->srun_port_range[1]) {
+    range = PortRange{conf->srun_port_range[0], conf->srun_port_range[1]};
+  }
+  slurm_free_ctl_conf(conf);
+  return range;
+}
+
+}  // namespace
+
 int listen_for_notices(VerdictListener& listener) {
-  const std::uint16_t port = listener.listen();
+  const auto range = srun_port_range();
+  const std::uint16_t port = listener.listen(range);
   if (port == 0) {
-    slurm_info("dew: cannot listen for the nodes' failure notices: each node names its own");
+    if (range) {
+      slurm_info(
+          "dew: cannot listen for the nodes' failure notices on a free port of SrunPortRange=%u-%u: each "
+          "node names its own",
+          range->low, range->high);
+    } else {
+      slurm_info("dew: cannot listen for the nodes' failure notices: each node names its own");
+    }
     return 0;
   }
   return setenv(kVerdictPortCarrier, std::to_string(port).c_str(), 1) == 0 ? 0 : -1;

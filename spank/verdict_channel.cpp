@@ -11,12 +11,14 @@
 #include <cerrno>
 #include <cstdlib>
 #include <optional>
+#include <random>
 #include <vector>
 
 extern "C" {
 #include <slurm/spank.h>
 }
 
+#include "dew/coordinator_port.h"
 #include "dew/failure_record.h"
 #include "step_verdict.h"
 
@@ -87,11 +89,29 @@ bool read_notice(Pending& p, std::uint32_t job, std::uint32_t step, const std::s
   return true;
 }
 
+// Binds `fd` to a port of `range` (Slurm's SrunPortRange: a site whose
+// firewall lets the nodes reach srun on those ports only), from a random one
+// on, as srun takes its own; without a range, to one the kernel picks.
+bool bind_in(int fd, sockaddr_in6& address, std::optional<PortRange> range) {
+  const auto bind_to = [&](std::uint16_t port) {
+    address.sin6_port = htons(port);
+    return ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
+  };
+  if (!range) return bind_to(0);
+  const std::uint32_t span = static_cast<std::uint32_t>(range->high) - range->low + 1;
+  const std::uint32_t first = std::random_device{}() % span;
+  for (std::uint32_t tried = 0; tried < span; ++tried) {
+    if (bind_to(port_from_random(first + tried, *range))) return true;
+    if (errno != EADDRINUSE) return false;
+  }
+  return false;
+}
+
 }  // namespace
 
 VerdictListener::~VerdictListener() { stop(); }
 
-std::uint16_t VerdictListener::listen() {
+std::uint16_t VerdictListener::listen(std::optional<PortRange> range) {
   const int fd = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return 0;
   const int no = 0;
@@ -99,19 +119,22 @@ std::uint16_t VerdictListener::listen() {
   sockaddr_in6 address{};
   address.sin6_family = AF_INET6;
   address.sin6_addr = in6addr_any;
-  socklen_t length = sizeof address;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 || ::listen(fd, 128) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+  if (!bind_in(fd, address, range) || ::listen(fd, 128) != 0) {
     ::close(fd);
     return 0;
   }
-  wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  socklen_t length = sizeof address;
+  wake_fd_ = ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0
+                 ? ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)
+                 : -1;
   if (wake_fd_ < 0) {
     ::close(fd);
     return 0;
   }
   listen_fd_ = fd;
-  return ntohs(address.sin6_port);
+  port_ = ntohs(address.sin6_port);
+  port_from_range_ = range.has_value();
+  return port_;
 }
 
 void VerdictListener::start(std::uint32_t job, std::uint32_t step, std::string secret,
@@ -141,6 +164,9 @@ void VerdictListener::stop() {
 
 void VerdictListener::run(std::uint32_t job, std::uint32_t step, const std::string& secret,
                           const std::function<void()>& on_first_notice) {
+  // Said here, not at listen(): srun takes -v after the plugin's options.
+  slurm_verbose("dew: step %u.%u: the nodes' failure notices come to srun's port %u%s", job, step, port_,
+                port_from_range_ ? " (of SrunPortRange)" : "");
   StepVerdict verdict;
   std::vector<Pending> pending;
   std::optional<Clock::time_point> say_at, stop_by;

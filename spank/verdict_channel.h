@@ -12,6 +12,7 @@
 #include <string>
 #include <thread>
 
+#include "dew/coordinator_port.h"
 #include "step_verdict.h"
 
 namespace dew::spank {
@@ -30,9 +31,10 @@ class VerdictListener {
   VerdictListener& operator=(const VerdictListener&) = delete;
 
   // srun, before the tasks' environment is taken: a TCP port the nodes
-  // reach srun at (every address, a port the kernel picks); 0 when srun
-  // cannot listen (each node then names its failure itself).
-  std::uint16_t listen();
+  // reach srun at (every address; a port of `range`, Slurm's SrunPortRange
+  // when the site sets one, else one the kernel picks); 0 when srun cannot
+  // listen (each node then names its failure itself).
+  std::uint16_t listen(std::optional<PortRange> range);
   // srun, once the step exists: notices are taken and the verdict said;
   // `on_first_notice` runs on the listener's thread when the first is taken
   // (a node has ended the step).
@@ -47,6 +49,8 @@ class VerdictListener {
 
   int listen_fd_ = -1;
   int wake_fd_ = -1;
+  std::uint16_t port_ = 0;
+  bool port_from_range_ = false;
   std::mutex mutex_;
   bool stopping_ = false;
   std::thread thread_;

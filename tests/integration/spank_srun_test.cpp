@@ -249,6 +249,28 @@ TEST(SrunDewPool, ATaskOnAnotherNodeThatCatchesSigtermIsKilledWhenTheStepEnds) {
   EXPECT_EQ(std::regex_search(r.err, std::regex("rank 0 ended with")), false) << r.err;
 }
 
+// A site whose firewall lets the nodes reach srun on Slurm's SrunPortRange
+// alone (the test cluster sets 32000-32767): srun's listener for the
+// nodes' failure notices takes a port of it, as srun's own sockets do.
+TEST(SrunDewPool, TheNodesNoticesComeToAPortOfSrunPortRange) {
+  std::ifstream conf(cluster().conf());
+  const std::string text((std::istreambuf_iterator<char>(conf)), std::istreambuf_iterator<char>());
+  std::smatch range;
+  ASSERT_TRUE(std::regex_search(text, range, std::regex(R"(\nSrunPortRange=(\d+)-(\d+))"))) << cluster().conf();
+  auto r = cluster().srun(
+      {"-v", "--dew-pool", "-N2", "-n2", "bash", "-c", "if [ \"$DEW_PROCESS_ID\" = 1 ]; then exit 3; fi; sleep 600"},
+      {}, 60s);
+  std::smatch port;
+  ASSERT_TRUE(
+      std::regex_search(r.err, port, std::regex(R"(failure notices come to srun's port (\d+) \(of SrunPortRange\))")))
+      << describe(r);
+  EXPECT_GE(std::stoi(port[1]), std::stoi(range[1])) << describe(r);
+  EXPECT_LE(std::stoi(port[1]), std::stoi(range[2])) << describe(r);
+  // Named once, by srun from the node's notice.
+  EXPECT_THAT(r.err, HasSubstr("dew: rank 1 ended with exit code 3; ending step")) << describe(r);
+  EXPECT_LT(r.seconds, 8.0) << describe(r);
+}
+
 TEST(SrunDewPool, KillOnBadExitOffLetsTheOthersFinish) {
   auto r = cluster().srun({"--dew-pool", "--dew-kill-on-bad-exit=no", "-N2", "-n4", "-l", "bash", "-c",
                            "if [ \"$DEW_PROCESS_ID\" = 1 ]; then exit 3; fi; sleep 2; echo finished"},
