@@ -30,6 +30,7 @@
 #include "dew/coordinator_port.h"
 #include "dew/exit_status.h"
 #include "dew/failure_timings.h"
+#include "dew/gpu_binding.h"
 #include "dew/hex.h"
 #include "dew/launch_plan.h"
 #include "dew/log.h"
@@ -101,7 +102,12 @@ OrStop<std::vector<launch::EnvVar>> checked_options(LaunchArgs& args) {
     if (!watchdog.ok()) return Stop{watchdog.error().message, 2};
     o.watchdog = watchdog.value();
   }
-  if (args.devices_option->count() > 0) o.devices_per_process = args.devices_per_process;
+  if (args.devices_option->count() > 0) {
+    auto devices = parse_devices_per_process_choice(args.devices_per_process, "--devices-per-process");
+    if (!devices.ok()) return Stop{devices.error().message, 2};
+    if (devices.value()) o.devices_per_process = static_cast<int>(*devices.value());
+    o.every_device = !devices.value();
+  }
   if (args.port_option->count() > 0) o.port = args.port;
   auto validated = launch::validate(o);
   if (!validated.ok()) return Stop{validated.error().message, 2};
@@ -202,6 +208,7 @@ int run_launch(LaunchArgs& args) {
   if (auto stop = gather_host_facts(args, facts, held)) return fail(*stop);
   auto plan = launch::plan_launch(o, std::get<0>(env), facts);
   if (!plan.ok()) return fail(Stop{plan.error().message, 2});
+  for (const auto& note : plan.value().notes) log_info("dew launch: " + note);
 
   if (args.dry_run) {
     std::string out;
@@ -241,8 +248,10 @@ void add_launch_options(CLI::App* launch, LaunchArgs& args) {
                        "Local process k takes the host's GPUs [kN, (k+1)N), as srun --dew-devices-per-process does: "
                        "its CUDA_VISIBLE_DEVICES (sliced from the host's own, else indices) and "
                        "JAX_LOCAL_DEVICE_IDS=0,...,N-1; too few GPUs on a host is an error giving the counts "
-                       "(1-1024; default: every process sees every device)")
-          ->type_name("N");
+                       "(1-1024). Default, as under srun --dew-pool: several processes on a host share its GPUs "
+                       "evenly (more processes than GPUs is an error), one keeps them all; off: every process sees "
+                       "every GPU; an --env CUDA_VISIBLE_DEVICES or JAX_LOCAL_DEVICE_IDS of your own stands")
+          ->type_name("N|off");
   args.port_option =
       launch
           ->add_option("--port", args.port,

@@ -18,7 +18,7 @@ namespace dew::cli {
 struct LaunchArgs {
   launch::LaunchOptions options;
   int processes_per_host = 1;
-  int devices_per_process = 0;
+  std::string devices_per_process;  // --devices-per-process N|off, parsed into options
   int port = 0;
   std::string watchdog;  // --watchdog, parsed into options.watchdog
   bool dry_run = false;

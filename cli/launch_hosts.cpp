@@ -121,7 +121,8 @@ std::optional<Stop> hold_given_port(int port, int& held) {
 std::optional<Stop> gather_host_facts(const LaunchArgs& args, launch::LaunchFacts& facts, std::vector<int>& held) {
   const launch::LaunchOptions& o = args.options;
   const auto hosts = launch::effective_hosts(o);
-  const bool devices = o.devices_per_process.has_value();
+  // Every host's GPUs, for its processes' share (none with off).
+  const bool devices = !o.every_device;
   // A remote first host is asked for a free port, or whether --port is free.
   const bool ask_port = hosts.front() != launch::kLocalHost && (!o.port || !args.dry_run);
   const auto no_free_port = [](PortRange range, const std::string& hint) {
@@ -151,7 +152,7 @@ std::optional<Stop> gather_host_facts(const LaunchArgs& args, launch::LaunchFact
   if (args.dry_run) {
     if (ask_port) facts.framework_port_text = "FRAMEWORK_PORT";
     if (ask_port && !o.port) facts.port_text = "PORT";
-    if (ask_port || (devices && !launch::all_local(o))) {
+    if (ask_port || !launch::all_local(o)) {
       log_info("--dry-run: remote hosts are not asked; the port shows as PORT and their GPUs as indices");
     }
   }
@@ -163,7 +164,8 @@ std::optional<Stop> gather_host_facts(const LaunchArgs& args, launch::LaunchFact
     }
     const bool port = ask_port && host == hosts.front();
     if (args.dry_run) {
-      if (devices)
+      // Not asked: as many as --devices-per-process needs, else none.
+      if (o.devices_per_process)
         facts.devices[host] = {std::nullopt, static_cast<unsigned>(o.processes_per_host * *o.devices_per_process)};
       continue;
     }

@@ -53,6 +53,29 @@ Result<std::optional<unsigned>> even_share(unsigned gpus, unsigned local_process
   return std::optional<unsigned>(gpus / local_processes);
 }
 
+Result<DevicesPerProcess> parse_devices_per_process_choice(std::string_view text, std::string_view option) {
+  if (text == "off") return DevicesPerProcess();
+  auto value = parse_whole<unsigned>(text);
+  if (!value || *value == 0 || *value > kMaxDevicesPerProcess) {
+    return not_allowed(option, text, "an integer from 1 to " + std::to_string(kMaxDevicesPerProcess) + ", or off");
+  }
+  return DevicesPerProcess(*value);
+}
+
+Result<DefaultShare> default_share(const GpuBindingInput& input) {
+  const unsigned count = input.visible_devices ? visible_gpu_count(input.visible_devices) : input.gpu_count.value_or(0);
+  const unsigned processes = input.local_process_count;
+  auto share = even_share(count, processes, input.place);
+  if (!share.ok()) return share.error();
+  DefaultShare chosen{share.value(), std::nullopt};
+  if (share.value() && count % processes != 0 && input.local_process == 0) {
+    chosen.idle_note = std::to_string(processes) + " processes on " + std::to_string(count) + " GPUs of " +
+                       input.place + ": " + std::to_string(*share.value()) + " each, " +
+                       std::to_string(count % processes) + " left idle";
+  }
+  return chosen;
+}
+
 unsigned visible_gpu_count(const std::optional<std::string>& visible_devices) {
   if (!visible_devices || visible_devices->empty() || *visible_devices == "NoDevFiles") return 0;
   return static_cast<unsigned>(split(*visible_devices, ',').size());

@@ -45,9 +45,16 @@ Error range_error(const std::string& option, long long value, int low, int high)
                      "a whole number from " + std::to_string(low) + " to " + std::to_string(high));
 }
 
-// The plugin's rule over one host's GPUs.
-Result<GpuBinding> bind_host_gpus(const LaunchOptions& options, const LaunchFacts& facts, const std::string& host,
-                                  int local) {
+// The plugin's rule over one host's GPUs: --devices-per-process N, else
+// (unless off) the default share; the user's own --env CUDA_VISIBLE_DEVICES
+// or JAX_LOCAL_DEVICE_IDS without --devices-per-process stands instead.
+Result<GpuBinding> bind_host_gpus(const LaunchOptions& options, const std::vector<EnvVar>& env,
+                                  const LaunchFacts& facts, const std::string& host, int local,
+                                  std::vector<std::string>& notes) {
+  const auto user_names_gpus = std::any_of(env.begin(), env.end(), [](const EnvVar& v) {
+    return v.first == "CUDA_VISIBLE_DEVICES" || v.first == "JAX_LOCAL_DEVICE_IDS";
+  });
+  if (!options.devices_per_process && user_names_gpus) return GpuBinding{};
   const auto found = facts.devices.find(host);
   const HostDevices devices = found == facts.devices.end() ? HostDevices{} : found->second;
   GpuBindingInput input;
@@ -55,8 +62,15 @@ Result<GpuBinding> bind_host_gpus(const LaunchOptions& options, const LaunchFact
   input.gpu_count = devices.gpu_count;
   input.local_process = static_cast<unsigned>(local);
   input.local_process_count = static_cast<unsigned>(options.processes_per_host);
-  input.devices_per_process = static_cast<unsigned>(*options.devices_per_process);
   input.place = host == kLocalHost ? "this machine" : "host " + host;
+  if (options.devices_per_process) {
+    input.devices_per_process = static_cast<unsigned>(*options.devices_per_process);
+  } else if (!options.every_device) {
+    auto share = default_share(input);
+    if (!share.ok()) return share.error().prefixed("--devices-per-process is not set and ");
+    input.devices_per_process = share.value().devices_per_process;
+    if (share.value().idle_note) notes.push_back(*share.value().idle_note);
+  }
   auto binding = bind_gpus(input);
   if (!binding.ok()) return binding.error().prefixed("--devices-per-process: ");
   return binding;
@@ -170,6 +184,9 @@ Result<LaunchOptions> validate(LaunchOptions options) {
   constexpr int kMaxDevices = static_cast<int>(kMaxDevicesPerProcess);
   if (options.devices_per_process && (*options.devices_per_process < 1 || *options.devices_per_process > kMaxDevices)) {
     return range_error("--devices-per-process", *options.devices_per_process, 1, kMaxDevices);
+  }
+  if (options.devices_per_process && options.every_device) {
+    return invalid_argument("--devices-per-process: a number and off at once; allowed: one of them");
   }
   if (options.port && (*options.port < kLowestPort || *options.port > 65535)) {
     return range_error("--port", *options.port, kLowestPort, 65535);
@@ -288,8 +305,8 @@ Result<LaunchPlan> plan_launch(const LaunchOptions& options, const std::vector<E
         }
         p.env.push_back(std::move(variable));
       }
-      if (options.devices_per_process) {
-        auto binding = bind_host_gpus(options, facts, p.host, local);
+      {
+        auto binding = bind_host_gpus(options, env, facts, p.host, local, plan.notes);
         if (!binding.ok()) return binding.error();
         if (binding.value().visible_devices)
           p.env.emplace_back("CUDA_VISIBLE_DEVICES", *binding.value().visible_devices);

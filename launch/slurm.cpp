@@ -43,6 +43,8 @@ Result<std::vector<std::string>> srun_command(const LaunchOptions& options, bool
     }
     if (options.devices_per_process) {
       argv.push_back("--dew-devices-per-process=" + std::to_string(*options.devices_per_process));
+    } else if (options.every_device) {
+      argv.emplace_back("--dew-devices-per-process=off");
     }
     if (options.port) argv.push_back("--dew-port=" + std::to_string(*options.port));
     if (!options.coordinator.empty()) argv.push_back("--dew-coordinator=" + options.coordinator);

@@ -25,15 +25,6 @@ Result<unsigned> parse_devices_per_process(std::string_view text, std::string_vi
   return *value;
 }
 
-Result<DevicesPerProcess> parse_devices_per_process_option(std::string_view text, std::string_view option) {
-  if (text == "off") return DevicesPerProcess();
-  auto value = parse_whole<unsigned>(text);
-  if (!value || *value == 0 || *value > kMaxDevicesPerProcess) {
-    return not_allowed(option, text, "an integer from 1 to 1024, or off");
-  }
-  return DevicesPerProcess(*value);
-}
-
 Result<std::uint16_t> parse_port(std::string_view text, std::string_view option) {
   auto value = parse_whole<unsigned>(text);
   if (!value || *value < kLowestPort || *value > std::numeric_limits<std::uint16_t>::max()) {

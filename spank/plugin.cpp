@@ -158,7 +158,7 @@ int on_option(int id, const char* optarg, int /*remote*/) {
         g_options.multi_host = true;
         return 0;
       case kDevicesPerProcess:
-        return store(parse_devices_per_process_option(value, "--dew-devices-per-process"),
+        return store(parse_devices_per_process_choice(value, "--dew-devices-per-process"),
                      g_options.devices_per_process);
       case kPort:
         return store(parse_port(value, "--dew-port"), g_options.port);

@@ -36,14 +36,12 @@ struct PlugstackConfig {
   std::optional<unsigned> devices_per_process;
 };
 
-// --dew-devices-per-process: N, or off (an inner nullopt: every task sees all
-// of the step's GPUs, whatever the admin's default says).
-using DevicesPerProcess = std::optional<unsigned>;
-
 // What the user asked for on the srun/sbatch/salloc command line.
 struct PoolOptions {
   bool pool = false;
   bool multi_host = false;
+  // --dew-devices-per-process: N, or off (an inner nullopt: every task sees
+  // all of the step's GPUs, whatever the admin's default says).
   std::optional<DevicesPerProcess> devices_per_process;
   std::optional<std::uint16_t> port;
   std::optional<std::string> coordinator;
@@ -60,7 +58,6 @@ Result<PlugstackConfig> parse_plugstack_args(const std::vector<std::string>& arg
 // Values of the srun options; `option` names the option in error messages.
 Result<unsigned> parse_devices_per_process(std::string_view text, std::string_view option);
 // The srun option's: N or off.
-Result<DevicesPerProcess> parse_devices_per_process_option(std::string_view text, std::string_view option);
 Result<std::uint16_t> parse_port(std::string_view text, std::string_view option);
 Result<PortRange> parse_port_range(std::string_view text, std::string_view option);
 Result<bool> parse_yes_no(std::string_view text, std::string_view option);

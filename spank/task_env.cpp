@@ -35,15 +35,10 @@ Result<GpuBindingInput> task_gpu_binding(const TaskFacts& facts, const PoolOptio
   // Nothing said how many: several tasks on a node share its GPUs evenly
   // instead of each seeing (and oversubscribing) all of them.
   if (!options.devices_per_process && !config.devices_per_process && !gpus.bound_by_slurm) {
-    const unsigned count = visible_gpu_count(facts.visible_devices);
-    auto share = even_share(count, facts.local_task_count, "this node");
+    auto share = default_share(gpus);
     if (!share.ok()) return share.error().prefixed("--dew-devices-per-process is not set and ");
-    gpus.devices_per_process = share.value();
-    if (share.value() && count % facts.local_task_count != 0 && facts.local_task == 0) {
-      notes.push_back(std::to_string(facts.local_task_count) + " tasks on " + std::to_string(count) +
-                      " GPUs: " + std::to_string(*share.value()) + " each, " +
-                      std::to_string(count % facts.local_task_count) + " left idle");
-    }
+    gpus.devices_per_process = share.value().devices_per_process;
+    if (share.value().idle_note) notes.push_back(*share.value().idle_note);
   }
   // The admin's default applies to steps with GPUs; one that asked for none
   // is left alone (the user's own value still fails it, as it should).

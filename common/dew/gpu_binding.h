@@ -5,6 +5,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "dew/result.h"
 
@@ -13,6 +14,14 @@ namespace dew {
 // The most devices one process may own, under every launcher (srun
 // --dew-devices-per-process, dew launch --devices-per-process).
 inline constexpr unsigned kMaxDevicesPerProcess = 1024;
+
+// A user's or admin's choice of devices per process: N, or nullopt for
+// "off" (every process sees every GPU its launcher gave it).
+using DevicesPerProcess = std::optional<unsigned>;
+
+// "N" (1-1024) or "off", as every launcher's option takes it; the error
+// names `option`, the value and what is allowed.
+Result<DevicesPerProcess> parse_devices_per_process_choice(std::string_view text, std::string_view option);
 
 struct GpuBindingInput {
   // CUDA_VISIBLE_DEVICES as the node gives it (Slurm's for the step, or
@@ -53,6 +62,17 @@ unsigned visible_gpu_count(const std::optional<std::string>& visible_devices);
 // left idle; more processes than GPUs is an error (kInvalidArgument) giving
 // both counts and the ways out. `place`: "this node", "host n1".
 Result<std::optional<unsigned>> even_share(unsigned gpus, unsigned local_processes, const std::string& place);
+
+// The rule every Dew launcher applies when neither the user nor the admin
+// said how many devices a process takes and Slurm did not bind them: the
+// node's GPUs (input.visible_devices, else input.gpu_count) shared evenly
+// between its local processes (even_share). `idle_note`, for local process
+// 0 only, says when some GPUs are left idle.
+struct DefaultShare {
+  std::optional<unsigned> devices_per_process;
+  std::optional<std::string> idle_note;
+};
+Result<DefaultShare> default_share(const GpuBindingInput& input);
 
 // Whether Slurm has already bound GPUs per task, from SLURMD_TRES_BIND and
 // SLURM_GPUS_PER_TASK as slurmstepd passes them to the task.

@@ -32,7 +32,10 @@ inline constexpr std::string_view kLocalHost = "localhost";
 struct LaunchOptions {
   std::vector<std::string> hosts;  // empty: localhost
   int processes_per_host = 1;
+  // --devices-per-process N; unset (and every_device false): the default
+  // share (dew/gpu_binding.h default_share), as srun --dew-pool gives.
   std::optional<int> devices_per_process;
+  bool every_device = false;  // --devices-per-process off: every process sees every GPU
   std::optional<int> port;
   std::string coordinator;       // empty: the first host
   std::vector<std::string> env;  // NAME=VALUE, as given
@@ -140,9 +143,10 @@ struct ProcessSpec {
 struct LaunchPlan {
   std::string coordinator;  // host:port
   std::vector<ProcessSpec> processes;
+  std::vector<std::string> notes;  // for the user, once each (GPUs left idle by the default share)
 };
 
-// What a host says about its GPUs, for --devices-per-process: its
+// What a host says about its GPUs, for its processes' share: its
 // CUDA_VISIBLE_DEVICES (the launcher's own for localhost, the remote shell's
 // for a remote host) and how many GPUs its driver shows.
 struct HostDevices {
@@ -166,7 +170,7 @@ struct LaunchFacts {
   // XLA_FLAGS as each process would inherit it (the launcher's own), for
   // the watchdog's flag; an --env XLA_FLAGS=... stands instead.
   std::optional<std::string> xla_flags;
-  // --devices-per-process: each host's GPUs, by host name as given.
+  // Each host's GPUs, by host name as given (none asked with --devices-per-process off).
   std::map<std::string, HostDevices> devices;
   // What a remote process gets of the launcher's own environment, which an
   // ssh command does not carry: kForwardedToRemoteHosts that are set.

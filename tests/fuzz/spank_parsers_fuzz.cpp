@@ -616,7 +616,7 @@ void fuzz_task_env(Bytes& bytes) {
       options.devices_per_process = DevicesPerProcess();
     } else if (auto count = fuzz_devices_per_process(*text, raw)) {
       options.devices_per_process = DevicesPerProcess(*count);
-      FUZZ_CHECK(parse_devices_per_process_option(*text, "--dew-devices-per-process").value() ==
+      FUZZ_CHECK(parse_devices_per_process_choice(*text, "--dew-devices-per-process").value() ==
                  DevicesPerProcess(*count));
     }
   }

@@ -100,19 +100,8 @@ TEST(LaunchSlurm, ARuntimePoolsFailureGivesTheFailingRanksCodeAndOnePrefix) {
   EXPECT_THAT(r.err, HasSubstr("the failing rank: rank 1 on n1 (")) << describe(r);
 }
 
-// A slurm.conf whose plugstack.conf loads nothing: srun without the plugin.
-std::string conf_without_plugin() {
-  const std::string folder = cluster().dir() + "/no-plugin";
-  std::filesystem::create_directories(folder);
-  std::ofstream(folder + "/plugstack.conf") << "";
-  const std::regex plugstack_line("^PlugStackConfig=.*$", std::regex::multiline);
-  std::ofstream(folder + "/slurm.conf") << std::regex_replace(read_text(cluster().conf()), plugstack_line,
-                                                              "PlugStackConfig=" + folder + "/plugstack.conf");
-  return folder + "/slurm.conf";
-}
-
 TEST(LaunchSlurm, WithoutThePluginSrunRunsPlainAndDevicesPerProcessIsRefused) {
-  const std::map<std::string, std::string> env = {{"SLURM_CONF", conf_without_plugin()}};
+  const std::map<std::string, std::string> env = {{"SLURM_CONF", cluster().conf_without_plugin()}};
   auto r = cluster().command({dew_exe(), "launch", "--slurm", "--processes-per-host", "2", "--", "/bin/sh", "-c",
                               "echo rank=$SLURM_PROCID secret=${#DEW_POOL_SECRET} xla=$XLA_FLAGS"},
                              env, 60s);
@@ -140,7 +129,7 @@ TEST(LaunchSlurm, WithoutThePluginTheLauncherGivesThePoolItsSecretAndCoordinator
   // launcher draws it (in srun's environment, on no command line) and the
   // coordinator from --coordinator (the node names of this one-host cluster
   // do not resolve).
-  const std::map<std::string, std::string> env = {{"SLURM_CONF", conf_without_plugin()}};
+  const std::map<std::string, std::string> env = {{"SLURM_CONF", cluster().conf_without_plugin()}};
   auto r = cluster().command(
       {"salloc", "-N2", "--ntasks-per-node=2", "--quiet", dew_exe(), "launch", "--slurm", "--processes-per-host", "2",
        "--coordinator", cluster().node_address("n1"), "--", pool_worker(), "exchange"},

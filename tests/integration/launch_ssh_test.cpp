@@ -10,6 +10,7 @@
 
 #include "launch_helpers.h"
 #include "srun_output.h"
+#include "task_contract.h"
 
 namespace dew::testing {
 namespace {
@@ -51,7 +52,9 @@ class SshLaunch : public ::testing::Test {
                                      << "\nPidFile " << d / "sshd.pid"
                                      << "\nStrictModes no\nUsePAM no\nPasswordAuthentication no\n"
                                         "KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
-                                        "MaxStartups 100\nMaxSessions 100\nLogLevel ERROR\n";
+                                        "MaxStartups 100\nMaxSessions 100\nLogLevel ERROR\n"
+                                        // A host's own GPUs, for the task contract's test (its clients send it).
+                                        "AcceptEnv CUDA_VISIBLE_DEVICES\n";
     const std::string user = getpwuid(getuid())->pw_name;
     std::ofstream(d / "ssh_config") << "Host node0 node1 node2\n  HostName 127.0.0.1\n  Port " << port_ << "\n  User "
                                     << user << "\n  IdentityFile " << d / "id"
@@ -138,6 +141,24 @@ TEST_F(SshLaunch, ARuntimePoolJoinsOverSsh) {
     EXPECT_THAT(r.out, HasSubstr("[" + n + "] RESULT rank=" + n +
                                  " size=4 source=dew backend=tcp local=" + std::to_string(k % 2) + "/2 "));
   }
+}
+
+// The task contract (task_contract.h) over ssh: two hosts whose login
+// environment has CUDA_VISIBLE_DEVICES=0,1,2,3 (ssh's SetEnv), two processes
+// each: the same contract as every other launcher's, GPUs shared as srun
+// --dew-pool shares them.
+TEST_F(SshLaunch, TheTaskContractIsTheSameAsEveryOtherLaunchers) {
+  const char* module_dir = std::getenv("DEW_PYTHON_MODULE_DIR");
+  if (module_dir == nullptr || *module_dir == '\0') GTEST_SKIP() << "the dew Python module is not built";
+  const std::string with_gpus = *dir_ / "ssh_config_gpus";
+  std::ofstream(with_gpus) << std::regex_replace(read_text(config()), std::regex("Host node0 node1 node2\n"),
+                                                 "Host node0 node1 node2\n  SetEnv CUDA_VISIBLE_DEVICES=0,1,2,3\n");
+  auto r = dew_launch(
+      {"--hosts", "node0", "node1", "--processes-per-host", "2", "--coordinator", "127.0.0.1", "--", "/usr/bin/python3",
+       std::string(std::getenv("DEW_SOURCE_ROOT")) + "/tests/python/pool_script.py", "contract"},
+      {{"DEW_LAUNCH_SSH_CONFIG", with_gpus}, {"PYTHONPATH", module_dir}}, 60s);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  expect_task_contract(r, 2, 2, GpuContract{std::vector<std::string>{"0,1", "2,3"}, std::nullopt});
 }
 
 TEST_F(SshLaunch, LocalAndRemoteHostsMix) {
@@ -227,11 +248,19 @@ TEST_F(SshLaunch, AHostWithoutPasswordlessLoginIsNamedInOneLine) {
   EXPECT_THAT(r.err,
               HasSubstr("passwordless ssh must work: check that `ssh -o BatchMode=yes -- wrongkey true` succeeds"));
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-  // Not the first host: the rank is named when its ssh fails.
+  // Not the first host: asked for its GPUs (for its processes' share)
+  // before any process starts, it is named the same way.
   auto second = launch({"--hosts", "node0", "wrongkey", "--", "/bin/true"}, 30s);
-  EXPECT_EQ(second.exit_code, 255) << describe(second);
-  EXPECT_THAT(second.err, HasSubstr("dew launch: rank 1 on wrongkey ended with exit code 255 (ssh's code for a failed "
-                                    "connection or login; passwordless ssh must work"));
+  EXPECT_EQ(second.exit_code, 1) << describe(second);
+  EXPECT_THAT(second.err,
+              HasSubstr("dew launch: cannot ask wrongkey for its GPUs over ssh (ended with exit code 255: "));
+  EXPECT_EQ(std::count(second.err.begin(), second.err.end(), '\n'), 1) << second.err;
+  // Started anyway (--devices-per-process off asks no GPUs), its rank is
+  // named when its ssh fails.
+  auto started = launch({"--hosts", "node0", "wrongkey", "--devices-per-process", "off", "--", "/bin/true"}, 30s);
+  EXPECT_EQ(started.exit_code, 255) << describe(started);
+  EXPECT_THAT(started.err, HasSubstr("dew launch: rank 1 on wrongkey ended with exit code 255 (ssh's code for a "
+                                     "failed connection or login; passwordless ssh must work"));
 }
 
 TEST_F(SshLaunch, DryRunShowsTheSshCommands) {

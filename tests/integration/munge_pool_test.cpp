@@ -18,13 +18,8 @@ namespace {
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
-std::string munge_socket() { return cluster().dir() + "/munge/munge.socket.2"; }
-
-int free_port() {
-  auto r = run({"/usr/bin/python3", "-c",
-                "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"});
-  return std::stoi(r.out);
-}
+std::string munge_socket() { return cluster().munge_socket(); }
+int free_port() { return free_loopback_port(); }
 
 TEST(MungeAuth, ASealedSecretOpensOnceForItsOwnStepOnly) {
   const runtime::munge_auth::Where where{munge_socket()};

@@ -2,6 +2,8 @@
 (dew launch, srun --dew-pool, srun --mpi=pmix) in the tests.
 
     pool_script.py exchange        join, agree, all-gather, put/get; print the mesh and the kwargs
+    pool_script.py contract        what every launcher hands a script (the task contract): identity,
+                                   coordinator, the framework's variables, GPUs and the watchdog
     pool_script.py framework       what JAX's coordinator does: process 0 listens at the address
                                    jax_distributed_kwargs() gives, every other process connects to it
     pool_script.py raise RANK      RANK's data loader raises after the first agreement
@@ -51,6 +53,16 @@ def main():
             "secret_in_environ": "DEW_POOL_SECRET" in os.environ,
             "secret_in_child": subprocess.run(["sh", "-c", "echo ${DEW_POOL_SECRET:-none}"], capture_output=True,
                                               text=True).stdout.strip() != "none",
+        }), flush=True)
+        pool.agree("end")
+        return
+    if mode == "contract":
+        names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                 "CUDA_VISIBLE_DEVICES", "JAX_LOCAL_DEVICE_IDS", "XLA_FLAGS")
+        print("CONTRACT " + json.dumps({
+            "rank": pool.rank, "size": pool.size, "local_rank": pool.local_rank, "local_size": pool.local_size,
+            "coordinator": pool.coordinator, "host": os.uname().nodename, "node_id": os.environ.get("DEW_NODE_ID"),
+            "watchdog": dew.StepWatchdog().bound, "env": {name: os.environ.get(name) for name in names},
         }), flush=True)
         pool.agree("end")
         return

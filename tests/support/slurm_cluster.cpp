@@ -148,4 +148,14 @@ std::string SlurmCluster::conf_with_plugstack_args(const std::string& name, cons
   return folder + "/slurm.conf";
 }
 
+std::string SlurmCluster::conf_without_plugin() const {
+  const std::string folder = dir_ + "/no-plugin";
+  std::filesystem::create_directories(folder);
+  write_file(folder + "/plugstack.conf", "");
+  const std::regex plugstack_line("^PlugStackConfig=.*$", std::regex::multiline);
+  write_file(folder + "/slurm.conf",
+             std::regex_replace(read_file(conf()), plugstack_line, "PlugStackConfig=" + folder + "/plugstack.conf"));
+  return folder + "/slurm.conf";
+}
+
 }  // namespace dew::testing

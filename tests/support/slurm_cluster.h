@@ -45,6 +45,11 @@ class SlurmCluster {
   // A copy of slurm.conf whose plugstack.conf passes `args` to the plugin:
   // what srun alone reads when a test sets SLURM_CONF to it.
   std::string conf_with_plugstack_args(const std::string& name, const std::string& args) const;
+  // A copy of slurm.conf whose plugstack.conf loads nothing: srun without
+  // the plugin (for a test that sets SLURM_CONF to it).
+  std::string conf_without_plugin() const;
+  // The cluster's own munged's socket (DEW_MUNGE_SOCKET for plain srun).
+  std::string munge_socket() const { return dir_ + "/munge/munge.socket.2"; }
 
  private:
   std::string dir_;

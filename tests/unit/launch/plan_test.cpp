@@ -261,6 +261,64 @@ TEST(LaunchPlan, TooFewDevicesOnAHostGiveTheCounts) {
               HasSubstr("host n1 has 3 GPUs (CUDA_VISIBLE_DEVICES=0,1,2)"));
 }
 
+// Nothing said: the plugin's default (dew/gpu_binding.h default_share), not
+// every process on every GPU.
+TEST(LaunchPlan, WithoutDevicesPerProcessAHostsGpusAreSharedEvenlyAsUnderThePlugin) {
+  auto o = options_with({"x"});
+  o.processes_per_host = 2;
+  auto f = facts();
+  f.devices["localhost"] = HostDevices{"0,1,2,3", 4};
+  auto plan = planned(o, {}, f);
+  EXPECT_EQ(env_map(plan.processes[0])["CUDA_VISIBLE_DEVICES"], "0,1");
+  EXPECT_EQ(env_map(plan.processes[1])["CUDA_VISIBLE_DEVICES"], "2,3");
+  EXPECT_EQ(env_map(plan.processes[1])["JAX_LOCAL_DEVICE_IDS"], "0,1");
+  EXPECT_TRUE(plan.notes.empty());
+  // Three on four: one each, one idle, said once.
+  o.processes_per_host = 3;
+  plan = planned(o, {}, f);
+  EXPECT_EQ(env_map(plan.processes[2])["CUDA_VISIBLE_DEVICES"], "2");
+  EXPECT_THAT(plan.notes, ElementsAre("3 processes on 4 GPUs of this machine: 1 each, 1 left idle"));
+  // One process keeps them all; no GPUs, nothing set.
+  o.processes_per_host = 1;
+  plan = planned(o, {}, f);
+  EXPECT_EQ(env_map(plan.processes[0]).count("CUDA_VISIBLE_DEVICES"), 0u);
+  EXPECT_EQ(env_map(plan.processes[0])["JAX_LOCAL_DEVICE_IDS"], "0,1,2,3");
+  o.processes_per_host = 2;
+  f.devices["localhost"] = HostDevices{};
+  plan = planned(o, {}, f);
+  EXPECT_EQ(env_map(plan.processes[1]).count("CUDA_VISIBLE_DEVICES"), 0u);
+  EXPECT_EQ(env_map(plan.processes[1]).count("JAX_LOCAL_DEVICE_IDS"), 0u);
+}
+
+TEST(LaunchPlan, MoreProcessesThanGpusWithoutDevicesPerProcessIsRefusedNamingTheWaysOut) {
+  auto o = options_with({"x"});
+  o.hosts = {"n1"};
+  o.processes_per_host = 4;
+  auto f = facts();
+  f.devices["n1"] = HostDevices{std::nullopt, 2};
+  const auto message = dew::testing::invalid_argument_of(plan_launch(o, {}, f));
+  EXPECT_THAT(message, HasSubstr("--devices-per-process is not set and 4 processes on host n1 would share 2 GPUs"));
+  EXPECT_THAT(message, HasSubstr("or off to let every process see every GPU"));
+}
+
+TEST(LaunchPlan, OffOrTheUsersOwnGpuVariablesLeaveEveryProcessEveryGpu) {
+  auto o = options_with({"x"});
+  o.processes_per_host = 2;
+  o.every_device = true;
+  auto f = facts();
+  f.devices["localhost"] = HostDevices{"0,1,2,3", 4};
+  auto plan = planned(o, {}, f);
+  EXPECT_EQ(env_map(plan.processes[1]).count("CUDA_VISIBLE_DEVICES"), 0u);
+  EXPECT_EQ(env_map(plan.processes[1])["JAX_LOCAL_DEVICE_IDS"], "0,1,2,3");
+  o.every_device = false;
+  plan = planned(o, {{"CUDA_VISIBLE_DEVICES", "3"}}, f);
+  EXPECT_EQ(env_map(plan.processes[1])["CUDA_VISIBLE_DEVICES"], "3");
+  EXPECT_EQ(env_map(plan.processes[1]).count("JAX_LOCAL_DEVICE_IDS"), 0u);
+  o.devices_per_process = 1;
+  o.every_device = true;
+  EXPECT_THAT(dew::testing::invalid_argument_of(validate(o)), HasSubstr("a number and off at once"));
+}
+
 TEST(LaunchPlan, CwdAndPrivateDirs) {
   auto o = options_with({"x"});
   o.cwd = "sub/dir";

@@ -61,6 +61,11 @@ TEST(Slurm, SrunCommandWithAndWithoutThePlugin) {
   // Without the plugin, --port and --coordinator go to the environment.
   o.devices_per_process.reset();
   EXPECT_TRUE(srun_command(o, false).ok());
+  // off: the plugin's own off, whatever the admin's default.
+  o.every_device = true;
+  pool = srun_command(o, true);
+  ASSERT_TRUE(pool.ok());
+  EXPECT_THAT(pool.value(), ::testing::Contains("--dew-devices-per-process=off"));
 }
 
 std::map<std::string, std::string> as_map(const std::vector<EnvVar>& env) { return {env.begin(), env.end()}; }

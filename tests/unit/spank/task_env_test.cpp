@@ -113,7 +113,7 @@ TEST(PlanTaskEnvironment, WithoutDevicesPerProcessTasksShareTheNodesGpusEvenly) 
   auto three = plan_task_environment(task(0, 3, "0,1,2,3"), pool(), PlugstackConfig{});
   EXPECT_EQ(env_of(three)["CUDA_VISIBLE_DEVICES"], "0") << "3 tasks on 4 GPUs: one each";
   ASSERT_EQ(three.value().notes.size(), 1u);
-  EXPECT_EQ(three.value().notes[0], "3 tasks on 4 GPUs: 1 each, 1 left idle");
+  EXPECT_EQ(three.value().notes[0], "3 processes on 4 GPUs of this node: 1 each, 1 left idle");
   EXPECT_EQ(env_of(plan_task_environment(task(2, 3, "0,1,2,3"), pool(), PlugstackConfig{}))["CUDA_VISIBLE_DEVICES"],
             "2");
   EXPECT_EQ(dew::testing::invalid_argument_of(plan_task_environment(task(0, 5, "0,1,2,3"), pool(), PlugstackConfig{})),
@@ -173,9 +173,9 @@ TEST(PlanTaskEnvironment, TheUserCanSwitchTheAdminDefaultOffForAStep) {
   options.devices_per_process = DevicesPerProcess(std::nullopt);  // --dew-devices-per-process=off
   auto env = env_of(plan_task_environment(facts, options, config));
   EXPECT_EQ(env.count("CUDA_VISIBLE_DEVICES"), 0u) << "left as Slurm set it";
-  EXPECT_EQ(parse_devices_per_process_option("off", "--dew-devices-per-process").value(), DevicesPerProcess());
-  EXPECT_EQ(parse_devices_per_process_option("3", "--dew-devices-per-process").value(), DevicesPerProcess(3u));
-  EXPECT_THAT(dew::testing::invalid_argument_of(parse_devices_per_process_option("none", "--dew-devices-per-process")),
+  EXPECT_EQ(parse_devices_per_process_choice("off", "--dew-devices-per-process").value(), DevicesPerProcess());
+  EXPECT_EQ(parse_devices_per_process_choice("3", "--dew-devices-per-process").value(), DevicesPerProcess(3u));
+  EXPECT_THAT(dew::testing::invalid_argument_of(parse_devices_per_process_choice("none", "--dew-devices-per-process")),
               HasSubstr("an integer from 1 to 1024, or off"));
 }
 
