@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dew/gpu_binding.h"
+#include "dew/task_contract.h"
 #include "dew/text.h"
 
 namespace dew::axes {
@@ -168,12 +169,12 @@ Result<mesh::DeviceGraph> pool_device_graph(runtime::Pool& pool) {
   facts.process = pool.rank();
   facts.local_rank = identity.local_rank;
   facts.local_size = identity.local_size;
-  const char* host_id = std::getenv("DEW_HOST_ID");
+  const char* host_id = std::getenv(contract::kHostId.name);
   facts.host_id = host_id && *host_id ? host_id : topology::read_boot_id();
   if (facts.host_id.empty()) facts.host_id = identity.hostname;
   facts.host_name = identity.hostname;
   if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES")) facts.visible_devices = visible;
-  const char* file = std::getenv("DEW_TOPOLOGY_FILE");
+  const char* file = std::getenv(contract::kTopologyFile.name);
   facts.topology_from_file = file && *file;
   auto host = facts.topology_from_file ? topology::load_topology_file(file) : topology::detect_topology();
   // Every process takes part in the gather, even one whose host failed, so

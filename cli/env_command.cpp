@@ -2,6 +2,8 @@
 // here would be told: the first thing to run inside a misbehaving srun.
 // It resolves the identity exactly as join() does (PMIx included) but
 // starts no service and meets no peer.
+#include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -9,6 +11,7 @@
 #include "commands.h"
 #include "dew/framework_env.h"
 #include "dew/pool.h"
+#include "dew/task_contract.h"
 #include "dew/text.h"
 #include "dew/watchdog.h"
 
@@ -18,6 +21,7 @@ namespace {
 struct EnvOptions {
   bool json = false;
   bool multi_host = false;
+  bool contract = false;
 };
 
 // Everything `dew env` shows, resolved.
@@ -70,15 +74,15 @@ Result<Report> resolve(const EnvOptions& options) {
   Report r;
   r.id = id.value();
   r.settings = settings.value();
-  r.grace_given = env.count("DEW_FAILURE_GRACE_SECONDS") != 0;
-  const auto bound = env.find("DEW_WATCHDOG");
+  r.grace_given = env.count(contract::kFailureGrace.name) != 0;
+  const auto bound = env.find(contract::kWatchdog.name);
   r.watchdog_given = bound != env.end();
   auto watchdog = chosen_watchdog("", "", r.watchdog_given ? std::optional<std::string>(bound->second) : std::nullopt);
   if (!watchdog.ok()) return watchdog.error();
   r.watchdog = watchdog.value();
   const runtime::Identity& i = r.id;
   const bool pooled = i.size > 1 && i.source != runtime::PoolSource::kAlone;
-  if (const auto secret = env.find("DEW_POOL_SECRET"); secret != env.end() && !secret->second.empty()) {
+  if (const auto secret = env.find(contract::kPoolSecret.name); secret != env.end() && !secret->second.empty()) {
     r.has_secret = is_pool_secret(secret->second);
     if (!r.has_secret) r.secret_problem = runtime::pool_secret_problem(secret->second);
   }
@@ -110,7 +114,8 @@ Result<Report> resolve(const EnvOptions& options) {
   }
   for (const auto& [name, value] : env) {
     if (!shown_variable(name)) continue;
-    r.variables[name] = name == "DEW_POOL_SECRET" ? "(set, " + std::to_string(value.size()) + " characters)" : value;
+    r.variables[name] =
+        name == contract::kPoolSecret.name ? "(set, " + std::to_string(value.size()) + " characters)" : value;
   }
   return r;
 }
@@ -140,7 +145,7 @@ void print_json(const Report& r) {
       {"failure_grace_seconds_dew_worker_and_python", r.grace_given ? r.settings.failure_grace.count() / 1000.0 : 0.0},
       {"watchdog_seconds",
        r.watchdog ? nlohmann::json(static_cast<double>(r.watchdog->count())) : nlohmann::json(nullptr)},
-      {"watchdog_from", r.watchdog_given ? "DEW_WATCHDOG" : "default"},
+      {"watchdog_from", r.watchdog_given ? contract::kWatchdog.name : "default"},
       {"jax_distributed_initialize", r.jax},
       {"variables", r.variables},
       {"problem", r.problem.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.problem)},
@@ -180,7 +185,39 @@ void print_text(const Report& r) {
     std::cout << "  " << name << "=" << value.get<std::string>() << "\n";
 }
 
+// Every DEW_* variable (dew/task_contract.h) and its value here; the secret
+// only as set or not.
+int print_contract(bool json) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const contract::Variable* v : contract::kAll) {
+    const char* value = std::getenv(v->name);
+    nlohmann::json shown = nullptr;
+    if (value != nullptr) {
+      shown = v == &contract::kPoolSecret ? "(set, " + std::to_string(std::strlen(value)) + " characters)"
+                                          : std::string(value);
+    }
+    rows.push_back({{"name", v->name},
+                    {"meaning", v->meaning},
+                    {"when_unset", v->when_unset},
+                    {"written_by", v->written_by},
+                    {"value", shown}});
+  }
+  if (json) {
+    std::cout << rows.dump(2) << "\n";
+    return 0;
+  }
+  for (const auto& row : rows) {
+    std::cout << row["name"].get<std::string>() << " = "
+              << (row["value"].is_null() ? "(unset: " + row["when_unset"].get<std::string>() + ")"
+                                         : row["value"].get<std::string>())
+              << "\n  " << row["meaning"].get<std::string>() << "; written by " << row["written_by"].get<std::string>()
+              << "\n";
+  }
+  return 0;
+}
+
 int run(const EnvOptions& options) {
+  if (options.contract) return print_contract(options.json);
   auto report_or = resolve(options);
   if (!report_or.ok()) return report(report_or.error());
   const Report& r = report_or.value();
@@ -205,6 +242,9 @@ void add_env_command(CLI::App& app) {
       "coordinator, and what jax.distributed would be given; joins nothing. Exits 1 when join() would refuse");
   command->add_flag("--multi-host", options->multi_host, "Treat a one-task Slurm step as a pool of one (multi_host)");
   command->add_flag("--json", options->json, "Print JSON for programs");
+  command->add_flag("--contract", options->contract,
+                    "Print every DEW_* variable Dew hands a task or reads: its value here (or what holds when it is "
+                    "unset), what it means and who writes it");
   command->callback([options] { run_subcommand("env", [&] { return run(*options); }); });
 }
 

@@ -37,6 +37,7 @@
 #include "dew/process.h"
 #include "dew/slurm_step.h"
 #include "dew/supervisor.h"
+#include "dew/task_contract.h"
 #include "dew/text.h"
 #include "dew/watchdog.h"
 #include "launch_edge.h"
@@ -298,7 +299,7 @@ void add_launch_options(CLI::App* launch, LaunchArgs& args) {
   launch
       ->add_option("--ssh-config", args.options.ssh_config,
                    "ssh -F FILE for every ssh the launcher runs (default: $DEW_LAUNCH_SSH_CONFIG, else ssh's own)")
-      ->envname("DEW_LAUNCH_SSH_CONFIG")
+      ->envname(contract::kLaunchSshConfig.name)
       ->type_name("FILE");
   launch->add_option("--ssh-option", args.options.ssh_options, "ssh -o OPTION for every ssh (repeatable)")
       ->type_name("OPTION")

@@ -12,6 +12,7 @@
 #include "dew/atomic_file.h"
 #include "dew/log.h"
 #include "dew/pool.h"
+#include "dew/task_contract.h"
 #include "dew/text.h"
 #include "dew/train.h"
 #include "dew/watchdog.h"
@@ -34,7 +35,7 @@ struct WorkerArgs {
 Result<Done> resolve(WorkerArgs& a) {
   if (a.dtype != "fp32" && a.dtype != "fp64") return not_allowed("--dtype", a.dtype, "fp32 or fp64");
   a.options.dtype = a.dtype == "fp64" ? train::Dtype::kFloat64 : train::Dtype::kFloat32;
-  const char* inherited = std::getenv("DEW_WATCHDOG");
+  const char* inherited = std::getenv(contract::kWatchdog.name);
   auto watchdog =
       chosen_watchdog(a.watchdog, "--watchdog", inherited ? std::optional<std::string>(inherited) : std::nullopt);
   if (!watchdog.ok()) return watchdog.error();

@@ -1,5 +1,6 @@
 #include "dew/framework_env.h"
 
+#include "dew/task_contract.h"
 #include "dew/text.h"
 
 namespace dew {
@@ -16,7 +17,7 @@ Result<Done> check_framework_range(PortRange dew_range, PortRange framework_rang
 std::vector<std::pair<std::string, std::string>> framework_variables(const FrameworkPlace& place) {
   const std::string port = std::to_string(place.port);
   const std::string address = host_port(place.host, port);
-  return {{"DEW_FRAMEWORK_COORDINATOR", address},
+  return {{contract::kFrameworkCoordinator.name, address},
           {"JAX_COORDINATOR_ADDRESS", address},
           {"MASTER_ADDR", place.host},
           {"MASTER_PORT", port},

@@ -10,6 +10,8 @@
 #include <memory>
 #include <mutex>
 
+#include "dew/task_contract.h"
+
 namespace dew {
 namespace {
 
@@ -83,7 +85,7 @@ Result<LogLevel> parse_log_level(std::string_view text, std::string_view name) {
 }
 
 Result<LogLevel> configure_log_level_from_env() {
-  const char* text = std::getenv("DEW_LOG_LEVEL");
+  const char* text = std::getenv(contract::kLogLevel.name);
   if (text == nullptr || *text == '\0') return log_level();
   auto level = parse_log_level(text);
   if (level.ok()) set_log_level(level.value());

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "dew/hostlist.h"
+#include "dew/task_contract.h"
 #include "dew/text.h"
 
 namespace dew {
@@ -24,7 +25,7 @@ RankSource rank_source(const Environment& env) {
   if (has(env, "SLURM_STEP_NODELIST") && (has(env, "SLURM_PROCID") || has(env, "SLURM_NTASKS"))) {
     return RankSource::kSlurm;
   }
-  if (has(env, "DEW_PROCESS_ID") || has(env, "DEW_PROCESS_COUNT")) return RankSource::kDew;
+  if (has(env, contract::kProcessId.name) || has(env, contract::kProcessCount.name)) return RankSource::kDew;
   return RankSource::kNone;
 }
 
@@ -37,7 +38,7 @@ const char* rank_variable(RankSource source) {
     case RankSource::kSlurm:
       return "SLURM_PROCID";
     case RankSource::kDew:
-      return "DEW_PROCESS_ID";
+      return contract::kProcessId.name;
     case RankSource::kNone:
       break;
   }
@@ -102,8 +103,8 @@ bool is_task_identity_variable(std::string_view name) {
                                                 "PMI_RANK",
                                                 "PMI_SIZE",
                                                 "PMI_FD",
-                                                "DEW_NODE_ID",
-                                                "DEW_MULTI_HOST"};
+                                                contract::kNodeId.name,
+                                                contract::kMultiHost.name};
   for (const auto known : kNames) {
     if (name == known) return true;
   }

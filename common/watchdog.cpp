@@ -3,6 +3,7 @@
 #include <cctype>
 #include <cstdint>
 
+#include "dew/task_contract.h"
 #include "dew/text.h"
 
 namespace dew {
@@ -69,7 +70,7 @@ std::optional<std::string> merge_xla_flags(const std::optional<std::string>& xla
 Result<Watchdog> chosen_watchdog(std::string_view flag, std::string_view flag_name,
                                  const std::optional<std::string>& inherited) {
   if (!flag.empty()) return parse_watchdog(flag, flag_name);
-  if (inherited) return parse_watchdog(*inherited, "DEW_WATCHDOG");
+  if (inherited) return parse_watchdog(*inherited, contract::kWatchdog.name);
   return Watchdog(kDefaultWatchdog);
 }
 

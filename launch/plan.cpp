@@ -10,6 +10,7 @@
 #include "dew/failure_record.h"
 #include "dew/gpu_binding.h"
 #include "dew/launch_plan.h"
+#include "dew/task_contract.h"
 #include "dew/text.h"
 
 namespace dew::launch {
@@ -36,8 +37,9 @@ bool is_host_name_or_address(std::string_view host) {
 
 // Variables the launcher sets itself; --env may not set them.
 constexpr std::string_view kPoolVariables[] = {
-    "DEW_PROCESS_ID",          "DEW_PROCESS_COUNT", "DEW_LOCAL_PROCESS_ID", "DEW_LOCAL_PROCESS_COUNT",
-    "DEW_COORDINATOR_ADDRESS", "DEW_POOL_SECRET",   "DEW_LINES_PREFIXED",
+    contract::kProcessId.name,         contract::kProcessCount.name,       contract::kLocalProcessId.name,
+    contract::kLocalProcessCount.name, contract::kCoordinatorAddress.name, contract::kPoolSecret.name,
+    contract::kLinesPrefixed.name,
 };  // and kFrameworkVariableNames
 
 Error range_error(const std::string& option, long long value, int low, int high) {
@@ -83,7 +85,7 @@ void add_private_dirs(ProcessSpec& p, const std::string& base) {
                  base + "/cache/jax", base + "/tmp"};
   p.cwd = base + "/work";
   p.env.insert(p.env.end(), {{"HOME", base + "/home"},
-                             {"DEW_CACHE_DIR", base + "/cache"},
+                             {contract::kCacheDir.name, base + "/cache"},
                              {"XDG_CACHE_HOME", base + "/cache"},
                              {"HF_HOME", base + "/cache/huggingface"},
                              {"JAX_COMPILATION_CACHE_DIR", base + "/cache/jax"},
@@ -98,7 +100,7 @@ void add_user_env(ProcessSpec& p, const std::vector<EnvVar>& env, const Watchdog
   std::optional<std::string> xla_flags = inherited_xla_flags;
   bool own_bound = false;
   for (const auto& [name, value] : env) {
-    own_bound = own_bound || name == "DEW_WATCHDOG";
+    own_bound = own_bound || name == contract::kWatchdog.name;
     if (name == "XLA_FLAGS") {
       xla_flags = value;
     } else {
@@ -110,7 +112,7 @@ void add_user_env(ProcessSpec& p, const std::vector<EnvVar>& env, const Watchdog
   } else if (xla_flags && xla_flags != inherited_xla_flags) {
     p.env.emplace_back("XLA_FLAGS", *xla_flags);
   }
-  if (!own_bound) p.env.emplace_back("DEW_WATCHDOG", watchdog ? format_duration(*watchdog) : "off");
+  if (!own_bound) p.env.emplace_back(contract::kWatchdog.name, watchdog ? format_duration(*watchdog) : "off");
 }
 
 // A remote process gets the launcher's forwarded variables, unless --env
@@ -279,15 +281,15 @@ Result<LaunchPlan> plan_launch(const LaunchOptions& options, const std::vector<E
       p.local_rank = local;
       p.host = hosts[h];
       p.local = hosts[h] == kLocalHost;
-      p.env = {{"DEW_PROCESS_ID", std::to_string(p.rank)},
-               {"DEW_PROCESS_COUNT", std::to_string(count)},
-               {"DEW_LOCAL_PROCESS_ID", std::to_string(local)},
-               {"DEW_LOCAL_PROCESS_COUNT", std::to_string(per_host)},
-               {"DEW_COORDINATOR_ADDRESS", plan.coordinator},
-               {"DEW_POOL_SECRET", facts.secret},
+      p.env = {{contract::kProcessId.name, std::to_string(p.rank)},
+               {contract::kProcessCount.name, std::to_string(count)},
+               {contract::kLocalProcessId.name, std::to_string(local)},
+               {contract::kLocalProcessCount.name, std::to_string(per_host)},
+               {contract::kCoordinatorAddress.name, plan.coordinator},
+               {contract::kPoolSecret.name, facts.secret},
                // The launcher puts "[rank] " before every line: libdew then
                // leaves its own prefix off.
-               {"DEW_LINES_PREFIXED", "1"},
+               {contract::kLinesPrefixed.name, "1"},
                // The records of failures the launcher decides blame from.
                {kNoticeTagVariable, facts.notice_tag}};
       // torchrun's contract and JAX's address, at a port of their own.
@@ -300,7 +302,7 @@ Result<LaunchPlan> plan_launch(const LaunchOptions& options, const std::vector<E
                                  0};
       for (auto& variable : framework_variables(place)) {
         if (variable.first == "MASTER_PORT") variable.second = framework_port;
-        if (variable.first == "JAX_COORDINATOR_ADDRESS" || variable.first == "DEW_FRAMEWORK_COORDINATOR") {
+        if (variable.first == "JAX_COORDINATOR_ADDRESS" || variable.first == contract::kFrameworkCoordinator.name) {
           variable.second = host_port(host, framework_port);
         }
         p.env.push_back(std::move(variable));

@@ -1,6 +1,7 @@
 // What runs on a remote host: ssh's arguments, the script that starts a
 // process there, and the query asked of a host before the launch.
 #include "dew/launch_plan.h"
+#include "dew/task_contract.h"
 #include "dew/text.h"
 
 namespace dew::launch {
@@ -21,7 +22,7 @@ std::string remote_script(const std::vector<EnvVar>& env, const std::string& cwd
   if (!make_dirs.empty()) script += "mkdir -p -- " + shell_words(make_dirs) + " || exit 126; ";
   script += "cd -- " + shell_quote(cwd) + " || exit 126; ";
   for (const auto& [name, value] : env) {
-    if (name == "DEW_POOL_SECRET") continue;
+    if (name == contract::kPoolSecret.name) continue;
     script += "export " + name + "=" + shell_quote(value) + "; ";
   }
   script += "exec 3<&0; setsid " + shell_words(command) + " </dev/null & p=$!; ";

@@ -5,6 +5,7 @@
 
 #include "dew/failure_record.h"
 #include "dew/launch_plan.h"
+#include "dew/task_contract.h"
 #include "dew/text.h"
 
 namespace dew::launch {
@@ -59,13 +60,13 @@ std::vector<EnvVar> slurm_environment(const LaunchOptions& options, bool plugin,
                                       std::uint16_t drawn_port, const std::optional<std::string>& xla_flags) {
   // srun --label puts "N: " before each line, which the launcher turns into
   // "[N] ": libdew leaves its own prefix off.
-  std::vector<EnvVar> env{{"DEW_LINES_PREFIXED", "1"}, {kNoticeTagVariable, notice_tag}};
+  std::vector<EnvVar> env{{contract::kLinesPrefixed.name, "1"}, {kNoticeTagVariable, notice_tag}};
   if (plugin) return env;
-  env.emplace_back("DEW_POOL_SECRET", secret);
+  env.emplace_back(contract::kPoolSecret.name, secret);
   if (!options.coordinator.empty() || options.port) {
     const std::string host = !options.coordinator.empty() ? options.coordinator : first_node.value_or("localhost");
     const auto port = options.port ? static_cast<std::uint16_t>(*options.port) : drawn_port;
-    env.emplace_back("DEW_COORDINATOR_ADDRESS", host_port(host, std::to_string(port)));
+    env.emplace_back(contract::kCoordinatorAddress.name, host_port(host, std::to_string(port)));
   }
   std::optional<std::string> flags = xla_flags;
   bool own_bound = false;
@@ -78,7 +79,7 @@ std::vector<EnvVar> slurm_environment(const LaunchOptions& options, bool plugin,
   // The bound for libdew's StepWatchdog, dew worker and Python too, as the
   // plugin's --dew-watchdog and a local launch give it (before, only XLA's
   // flag: `--watchdog 2h` left them at 30 min).
-  if (!own_bound) env.emplace_back("DEW_WATCHDOG", watchdog ? format_duration(*watchdog) : "off");
+  if (!own_bound) env.emplace_back(contract::kWatchdog.name, watchdog ? format_duration(*watchdog) : "off");
   return env;
 }
 

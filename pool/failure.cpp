@@ -23,6 +23,7 @@
 #include "dew/failure_record.h"
 #include "dew/failure_timings.h"
 #include "dew/log.h"
+#include "dew/task_contract.h"
 #include "dew/text.h"
 #include "pool_state.h"
 
@@ -379,7 +380,7 @@ void fail_process(const std::string& message, int exit_code) {
   // The rank of the launcher the pool would have joined by (identity's
   // precedence: mpirun inside an allocation is Open MPI's rank, not Slurm's).
   const Environment env = current_environment();
-  if (!(env.count("DEW_LINES_PREFIXED") && env.at("DEW_LINES_PREFIXED") == "1")) {
+  if (!(env.count(contract::kLinesPrefixed.name) && env.at(contract::kLinesPrefixed.name) == "1")) {
     if (const char* name = rank_variable(rank_source(env))) {
       if (auto rank = env.find(name); rank != env.end() && parse_whole<unsigned>(rank->second)) {
         set_log_prefix("[" + rank->second + "] ");

@@ -9,6 +9,7 @@
 #include "dew/hostlist.h"
 #include "dew/pool.h"
 #include "dew/slurm_step.h"
+#include "dew/task_contract.h"
 #include "dew/text.h"
 
 extern char** environ;
@@ -66,7 +67,7 @@ Result<int> optional_count(const Environment& env, const std::string& name, int 
 
 // DEW_COORDINATOR_ADDRESS, else JAX_COORDINATOR_ADDRESS.
 Result<std::optional<Address>> coordinator_from_env(const Environment& env, std::string& from) {
-  for (const char* name : {"DEW_COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS"}) {
+  for (const char* name : {contract::kCoordinatorAddress.name, "JAX_COORDINATOR_ADDRESS"}) {
     if (auto text = lookup(env, name)) {
       auto address = parse_address(*text, name);
       if (!address.ok()) return address.error();
@@ -135,9 +136,12 @@ struct LauncherVariables {
 };
 
 constexpr LauncherVariables kDewVariables = {
-    PoolSource::kDew,          "DEW_PROCESS_ID",
-    "DEW_PROCESS_COUNT",       "DEW_LOCAL_PROCESS_ID",
-    "DEW_LOCAL_PROCESS_COUNT", "DEW_PROCESS_ID and DEW_PROCESS_COUNT are set (srun --dew-pool or dew launch)"};
+    PoolSource::kDew,
+    contract::kProcessId.name,
+    contract::kProcessCount.name,
+    contract::kLocalProcessId.name,
+    contract::kLocalProcessCount.name,
+    "DEW_PROCESS_ID and DEW_PROCESS_COUNT are set (srun --dew-pool or dew launch)"};
 constexpr LauncherVariables kOpenMpiVariables = {
     PoolSource::kOpenMpi,         "OMPI_COMM_WORLD_RANK",
     "OMPI_COMM_WORLD_SIZE",       "OMPI_COMM_WORLD_LOCAL_RANK",
@@ -165,7 +169,7 @@ Result<Identity> from_dew(const Environment& env) {
   auto found = from_launcher(env, kDewVariables);
   if (!found.ok()) return found;
   Identity& id = found.value();
-  auto node = optional_count(env, "DEW_NODE_ID", 0);
+  auto node = optional_count(env, contract::kNodeId.name, 0);
   if (!node.ok()) return node.error();
   id.node = node.value();
   if (!id.coordinator && id.size > 1) {
@@ -295,7 +299,7 @@ std::optional<Error> disagreement_with_dew(const Environment& env, RankSource so
                                                            : nullptr;
   const char* size_name = source == RankSource::kSlurm ? "SLURM_NTASKS" : "OMPI_COMM_WORLD_SIZE";
   if (!rank_name) return std::nullopt;
-  auto dew = rank_and_size(env, "DEW_PROCESS_ID", "DEW_PROCESS_COUNT");
+  auto dew = rank_and_size(env, contract::kProcessId.name, contract::kProcessCount.name);
   auto theirs = rank_and_size(env, rank_name, size_name);
   if (!dew.ok() || !theirs.ok()) return std::nullopt;  // none of Dew's, or a bad value said elsewhere
   if (dew.value().rank == theirs.value().rank && dew.value().size == theirs.value().size) return std::nullopt;
@@ -303,9 +307,9 @@ std::optional<Error> disagreement_with_dew(const Environment& env, RankSource so
     return std::string(rank) + "=" + lookup(env, rank).value_or("") + " " + size + "=" + lookup(env, size).value_or("");
   };
   return invalid_argument(
-      "this process has two identities that disagree: " + pair("DEW_PROCESS_ID", "DEW_PROCESS_COUNT") +
-      " (a Dew launcher's) and " + pair(rank_name, size_name) +
-      (source == RankSource::kSlurm ? " (a Slurm step's)" : " (mpirun's)") +
+      "this process has two identities that disagree: " +
+      pair(contract::kProcessId.name, contract::kProcessCount.name) + " (a Dew launcher's) and " +
+      pair(rank_name, size_name) + (source == RankSource::kSlurm ? " (a Slurm step's)" : " (mpirun's)") +
       "; one of them was inherited from the process that started this one. Start it with one launcher: "
       "`dew launch` hands its processes its own variables only, `srun --dew-pool` sets Dew's to match Slurm's");
 }
@@ -359,7 +363,7 @@ Result<Identity> identity_of_source(const Environment& env, const JoinOptions& o
   } else if (source == RankSource::kSlurm) {
     // srun --dew-pool --dew-multi-host sets DEW_MULTI_HOST=1 in every task.
     JoinOptions slurm_options = options;
-    if (auto multi = lookup(env, "DEW_MULTI_HOST")) {
+    if (auto multi = lookup(env, contract::kMultiHost.name)) {
       if (*multi != "0" && *multi != "1") {
         return invalid_argument("DEW_MULTI_HOST=" + quoted(*multi) +
                                 " is not allowed; allowed: 1 (a one-task step forms a pool of one) or 0");
@@ -384,11 +388,11 @@ Result<Identity> resolve_identity(const Environment& env, const JoinOptions& opt
   if (!found.ok()) return found;
   // The framework's coordinator, when a launcher chose it (the plugin, dew
   // launch); else process 0 chooses one at the join.
-  if (auto text = lookup(env, "DEW_FRAMEWORK_COORDINATOR")) {
-    auto address = parse_address(*text, "DEW_FRAMEWORK_COORDINATOR");
+  if (auto text = lookup(env, contract::kFrameworkCoordinator.name)) {
+    auto address = parse_address(*text, contract::kFrameworkCoordinator.name);
     if (!address.ok()) return address.error();
     found.value().framework_coordinator = address.value();
-    found.value().framework_coordinator_from = "DEW_FRAMEWORK_COORDINATOR";
+    found.value().framework_coordinator_from = contract::kFrameworkCoordinator.name;
   }
   return found;
 }
@@ -396,24 +400,24 @@ Result<Identity> resolve_identity(const Environment& env, const JoinOptions& opt
 Result<Settings> resolve_settings(const Environment& env, const JoinOptions& options) {
   Settings settings;
   auto patience =
-      seconds_setting(env, "DEW_AGREEMENT_PATIENCE_SECONDS", options.agreement_patience, settings.agreement_patience);
+      seconds_setting(env, contract::kAgreementPatience.name, options.agreement_patience, settings.agreement_patience);
   if (!patience.ok()) return patience.error();
   auto heartbeat =
-      seconds_setting(env, "DEW_HEARTBEAT_TIMEOUT_SECONDS", options.heartbeat_timeout, settings.heartbeat_timeout);
+      seconds_setting(env, contract::kHeartbeatTimeout.name, options.heartbeat_timeout, settings.heartbeat_timeout);
   if (!heartbeat.ok()) return heartbeat.error();
-  auto grace = seconds_setting(env, "DEW_FAILURE_GRACE_SECONDS", options.failure_grace,
+  auto grace = seconds_setting(env, contract::kFailureGrace.name, options.failure_grace,
                                options.failure_grace_fallback.value_or(settings.failure_grace));
   if (!grace.ok()) return grace.error();
-  auto join_timeout = seconds_setting(env, "DEW_JOIN_TIMEOUT_SECONDS", options.join_timeout, settings.join_timeout);
+  auto join_timeout = seconds_setting(env, contract::kJoinTimeout.name, options.join_timeout, settings.join_timeout);
   if (!join_timeout.ok()) return join_timeout.error();
   settings.agreement_patience = patience.value();
   settings.heartbeat_timeout = heartbeat.value();
   settings.failure_grace = grace.value();
   settings.join_timeout = join_timeout.value();
-  auto exit_bound = seconds_setting(env, "DEW_EXIT_BOUND_SECONDS", options.exit_bound, settings.exit_bound);
+  auto exit_bound = seconds_setting(env, contract::kExitBound.name, options.exit_bound, settings.exit_bound);
   if (!exit_bound.ok()) return exit_bound.error();
   settings.exit_bound = exit_bound.value();
-  auto slow_after = seconds_setting(env, "DEW_SLOW_SECONDS", options.slow_after, settings.slow_after);
+  auto slow_after = seconds_setting(env, contract::kSlowSeconds.name, options.slow_after, settings.slow_after);
   if (!slow_after.ok()) return slow_after.error();
   settings.slow_after = slow_after.value();
   return settings;

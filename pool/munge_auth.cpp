@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <memory>
 
+#include "dew/task_contract.h"
+
 namespace dew::runtime::munge_auth {
 namespace {
 
@@ -28,7 +30,7 @@ std::string socket_text(const Where& where) {
 }  // namespace
 
 Where where_from_env() {
-  const char* socket = std::getenv("DEW_MUNGE_SOCKET");
+  const char* socket = std::getenv(contract::kMungeSocket.name);
   return Where{socket ? socket : ""};
 }
 

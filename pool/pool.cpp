@@ -9,6 +9,7 @@
 #include "dew/framework_env.h"
 #include "dew/hex.h"
 #include "dew/log.h"
+#include "dew/task_contract.h"
 #include "dew/text.h"
 #include "munge_auth.h"
 #include "pool_munge.h"
@@ -275,10 +276,12 @@ std::unique_ptr<Pool::State> join_pool(const JoinOptions& options, Clock::time_p
   auto state = std::make_unique<Pool::State>();
   state->identity = identity.value();
   state->settings = settings.value();
-  state->lines_prefixed = env.count("DEW_LINES_PREFIXED") && env.at("DEW_LINES_PREFIXED") == "1";
-  state->loss_before_join_unseen = identity.value().source == PoolSource::kSlurm && !env.count("DEW_PROCESS_ID");
+  state->lines_prefixed = env.count(contract::kLinesPrefixed.name) && env.at(contract::kLinesPrefixed.name) == "1";
+  state->loss_before_join_unseen =
+      identity.value().source == PoolSource::kSlurm && !env.count(contract::kProcessId.name);
   Identity& id = state->identity;
-  std::string secret = options.secret.value_or(env.count("DEW_POOL_SECRET") ? env.at("DEW_POOL_SECRET") : "");
+  std::string secret =
+      options.secret.value_or(env.count(contract::kPoolSecret.name) ? env.at(contract::kPoolSecret.name) : "");
 
   if (id.source == PoolSource::kPmix) {
     auto pmix = PmixSession::init();
@@ -315,7 +318,7 @@ Pool join(JoinOptions options) {
     // The secret lets anyone who has it into the pool: once joined, this
     // process needs it no more, and its children (a shell, a data loader,
     // a user's subprocess) should not carry it.
-    if (!options.secret) ::unsetenv("DEW_POOL_SECRET");
+    if (!options.secret) ::unsetenv(contract::kPoolSecret.name);
     return pool;
   } catch (const PoolError& error) {
     note_join_failure(error.what());

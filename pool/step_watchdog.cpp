@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "dew/pool.h"
+#include "dew/task_contract.h"
 #include "dew/text.h"
 #include "dew/watchdog.h"
 #include "failure.h"
@@ -36,7 +37,7 @@ std::uint64_t pace_window(double interval_seconds) {
 
 // DEW_PACE_SECONDS: the window of the slow-process report, 60 s unless set.
 double pace_interval_from_env() {
-  const char* text = std::getenv("DEW_PACE_SECONDS");
+  const char* text = std::getenv(contract::kPaceSeconds.name);
   if (!text) return 60;
   const auto seconds = parse_whole<unsigned>(text);
   if (!seconds || *seconds < 1) {
@@ -112,7 +113,7 @@ StepWatchdog::StepWatchdog(std::optional<std::chrono::milliseconds> bound) : sta
   if (bound) {
     state_->bound = bound;
   } else {
-    const char* text = std::getenv("DEW_WATCHDOG");
+    const char* text = std::getenv(contract::kWatchdog.name);
     auto parsed = chosen_watchdog("", "", text ? std::optional<std::string>(text) : std::nullopt);
     if (!parsed.ok()) throw PoolError(parsed.error());
     if (parsed.value()) state_->bound = std::chrono::duration_cast<std::chrono::milliseconds>(*parsed.value());

@@ -10,6 +10,7 @@
 
 #include "dew/pool.h"
 #include "dew/result.h"
+#include "dew/task_contract.h"
 
 namespace dew::python {
 
@@ -66,7 +67,7 @@ void take_the_warning_from_now();
 // DEW_STOP_MARK names, when it is set and its folder exists on this node,
 // so that a job script can tell tasks that stopped early from tasks that
 // finished (scripts/sbatch/python-requeue.sbatch requeues only the first).
-inline constexpr const char* kStopMarkVariable = "DEW_STOP_MARK";
+inline constexpr const char* kStopMarkVariable = contract::kStopMark.name;
 void leave_stop_mark();
 
 void bind_pool(pybind11::module_& m);

@@ -18,6 +18,7 @@
 #include "dew/exit_status.h"
 #include "dew/log.h"
 #include "dew/pool.h"
+#include "dew/task_contract.h"
 #include "dew/text.h"
 #include "dew/topology.h"
 #include "dew/watchdog.h"
@@ -82,7 +83,7 @@ std::chrono::milliseconds millis_of(double seconds, const char* what) {
 // The execution watchdog in XLA_FLAGS, as srun --dew-pool and dew launch set
 // it: DEW_WATCHDOG's bound, unless the flags set one already or it is off.
 void add_xla_watchdog() {
-  const char* bound = std::getenv("DEW_WATCHDOG");
+  const char* bound = std::getenv(contract::kWatchdog.name);
   auto watchdog = chosen_watchdog("", "", bound ? std::optional<std::string>(bound) : std::nullopt);
   if (!watchdog.ok()) throw py::value_error(watchdog.error().message);
   // Through os.environ: Python's copy of the environment is what JAX reads
@@ -163,7 +164,7 @@ runtime::Pool& prepare_process(std::optional<bool> multi_host, std::optional<dou
   for (const auto& [name, value] : pool->framework_variables()) environ[py::str(name)] = value;
   // join() took the secret out of the process's environment; Python's copy
   // (what subprocess gives a child) loses it too.
-  environ.attr("pop")("DEW_POOL_SECRET", py::none());
+  environ.attr("pop")(contract::kPoolSecret.name, py::none());
   install_fast_failure(*pool);
   handle_sigterm();
   return *pool;

@@ -6,6 +6,7 @@
 #include "dew/exit_status.h"
 #include "dew/hostlist.h"
 #include "dew/slurm_step.h"
+#include "dew/task_contract.h"
 #include "dew/text.h"
 #include "pool_plan.h"
 
@@ -64,13 +65,13 @@ Result<EnvPlan> plan_task_environment(const TaskFacts& facts, const PoolOptions&
   EnvPlan plan;
   auto set = [&plan](std::string name, std::string value) { plan.set.emplace_back(std::move(name), std::move(value)); };
   const bool pool = forms_pool(facts.task_count, options);
-  set("DEW_PROCESS_ID", pool ? std::to_string(facts.global_task) : "0");
-  set("DEW_PROCESS_COUNT", pool ? std::to_string(facts.task_count) : "1");
-  set("DEW_LOCAL_PROCESS_ID", pool ? std::to_string(facts.local_task) : "0");
-  set("DEW_LOCAL_PROCESS_COUNT", pool ? std::to_string(facts.local_task_count) : "1");
-  set("DEW_NODE_ID", pool ? std::to_string(facts.node_id) : "0");
+  set(contract::kProcessId.name, pool ? std::to_string(facts.global_task) : "0");
+  set(contract::kProcessCount.name, pool ? std::to_string(facts.task_count) : "1");
+  set(contract::kLocalProcessId.name, pool ? std::to_string(facts.local_task) : "0");
+  set(contract::kLocalProcessCount.name, pool ? std::to_string(facts.local_task_count) : "1");
+  set(contract::kNodeId.name, pool ? std::to_string(facts.node_id) : "0");
   // libdew reads SLURM_NTASKS=1 as "alone" unless told otherwise.
-  if (options.multi_host) set("DEW_MULTI_HOST", "1");
+  if (options.multi_host) set(contract::kMultiHost.name, "1");
   std::string framework_host = "127.0.0.1";  // one task: its own machine
   std::optional<std::uint16_t> dew_port;
   if (pool) {
@@ -78,17 +79,17 @@ Result<EnvPlan> plan_task_environment(const TaskFacts& facts, const PoolOptions&
     if (!host.ok()) return host.error();
     framework_host = host.value();
     dew_port = options.port.value_or(derive_port(facts.job_id, facts.step_id, config.port_range));
-    set("DEW_COORDINATOR_ADDRESS", host_port(host.value(), std::to_string(*dew_port)));
+    set(contract::kCoordinatorAddress.name, host_port(host.value(), std::to_string(*dew_port)));
     if (!facts.pool_secret || facts.pool_secret->empty()) {
       return unavailable(
           "no pool secret reached this task from srun; is spank_dew.so listed in the "
           "plugstack.conf that srun reads (SLURM_CONF)?");
     }
-    set("DEW_POOL_SECRET", *facts.pool_secret);
+    set(contract::kPoolSecret.name, *facts.pool_secret);
   } else {
     // A coordinator inherited from the caller's environment would mislead
     // the process into waiting for peers that do not exist.
-    plan.unset = {"DEW_COORDINATOR_ADDRESS", "DEW_POOL_SECRET", "DEW_MULTI_HOST"};
+    plan.unset = {contract::kCoordinatorAddress.name, contract::kPoolSecret.name, contract::kMultiHost.name};
   }
   // The framework's own rendezvous (jax.distributed, torch's env://) gets a
   // port of its own, never Dew's: process 0 binds both.
@@ -119,7 +120,7 @@ Result<EnvPlan> plan_task_environment(const TaskFacts& facts, const PoolOptions&
   if (auto flags = merge_xla_flags(facts.xla_flags, watchdog)) set("XLA_FLAGS", *flags);
   // The same bound for libdew's StepWatchdog, dew worker and Python
   // (chosen_watchdog reads it), not only for XLA.
-  set("DEW_WATCHDOG", watchdog ? format_duration(*watchdog) : "off");
+  set(contract::kWatchdog.name, watchdog ? format_duration(*watchdog) : "off");
   return plan;
 }
 

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "dew/nvml.h"
+#include "dew/task_contract.h"
 #include "dew/topology.h"
 
 namespace dew::topology {
@@ -73,7 +74,7 @@ std::string cpu_lines() {
 }  // namespace
 
 std::string accelerator_fingerprint() {
-  if (const char* given = std::getenv("DEW_ACCELERATOR_FINGERPRINT")) return given;
+  if (const char* given = std::getenv(contract::kAcceleratorFingerprint.name)) return given;
   const auto nvml = read_nvml();
   if (!nvml.available || nvml.gpus.empty()) return "platform=cpu\n" + cpu_lines();
 

@@ -6,6 +6,7 @@
 
 #include "dew/atomic_file.h"
 #include "dew/log.h"
+#include "dew/task_contract.h"
 #include "params.h"
 
 namespace dew::train {
@@ -86,7 +87,7 @@ bool store_dataset(const CachedDataset& cached) {
 }
 
 std::string default_cache_dir() {
-  if (const char* dew = std::getenv("DEW_CACHE_DIR"); dew && *dew) return std::string(dew) + "/worker";
+  if (const char* dew = std::getenv(contract::kCacheDir.name); dew && *dew) return std::string(dew) + "/worker";
   if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return std::string(xdg) + "/dew/worker";
   if (const char* home = std::getenv("HOME"); home && *home) return std::string(home) + "/.cache/dew/worker";
   return "";

@@ -22,10 +22,12 @@
 #include <string>
 #include <string_view>
 
+#include "dew/task_contract.h"
+
 namespace dew {
 
 // The variable that carries the launch's tag.
-inline constexpr const char* kNoticeTagVariable = "DEW_NOTICE_TAG";
+inline constexpr const char* kNoticeTagVariable = contract::kNoticeTag.name;
 
 struct FailureRecord {
   int rank = 0;                  // the process named as failed

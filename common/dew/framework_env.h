@@ -12,6 +12,7 @@
 
 #include "dew/coordinator_port.h"
 #include "dew/result.h"
+#include "dew/task_contract.h"
 
 namespace dew {
 
@@ -36,7 +37,7 @@ struct FrameworkPlace {
 };
 
 // The names framework_variables sets, in its order.
-inline constexpr const char* kFrameworkVariableNames[] = {"DEW_FRAMEWORK_COORDINATOR",
+inline constexpr const char* kFrameworkVariableNames[] = {contract::kFrameworkCoordinator.name,
                                                           "JAX_COORDINATOR_ADDRESS",
                                                           "MASTER_ADDR",
                                                           "MASTER_PORT",

@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "dew/result.h"
+#include "dew/task_contract.h"
 
 namespace dew {
 
@@ -16,7 +17,7 @@ enum class LogLevel { kTrace, kDebug, kInfo, kWarn, kError, kOff };
 
 // "trace", "debug", "info", "warn", "error", "off"; anything else is an
 // Error (kInvalidArgument) naming the value and the allowed ones.
-Result<LogLevel> parse_log_level(std::string_view text, std::string_view name = "DEW_LOG_LEVEL");
+Result<LogLevel> parse_log_level(std::string_view text, std::string_view name = contract::kLogLevel.name);
 
 // The level from DEW_LOG_LEVEL (default info), applied; an Error when the
 // variable holds something else.

@@ -24,6 +24,7 @@
 #include <string_view>
 
 #include "dew/result.h"
+#include "dew/task_contract.h"
 
 namespace dew {
 

@@ -18,6 +18,7 @@
 #include "dew/coordinator_port.h"
 #include "dew/framework_env.h"
 #include "dew/result.h"
+#include "dew/task_contract.h"
 #include "dew/watchdog.h"
 
 namespace dew::launch {
@@ -59,8 +60,8 @@ bool is_shell_name(std::string_view name);
 // What --private-dirs gives each process of its own: HOME, the caches
 // (DEW_CACHE_DIR, XDG_CACHE_HOME, HF_HOME, JAX_COMPILATION_CACHE_DIR) and
 // TMPDIR, all under <private_root>/<rank>/.
-inline constexpr std::string_view kPrivateDirVariables[] = {
-    "HOME", "DEW_CACHE_DIR", "XDG_CACHE_HOME", "HF_HOME", "JAX_COMPILATION_CACHE_DIR", "TMPDIR"};
+inline constexpr std::string_view kPrivateDirVariables[] = {"HOME",    contract::kCacheDir.name,    "XDG_CACHE_HOME",
+                                                            "HF_HOME", "JAX_COMPILATION_CACHE_DIR", "TMPDIR"};
 
 // What --dry-run shows for the pool's secret: a live secret is never printed.
 inline constexpr std::string_view kSecretPlaceholder = "<64 hex digits, drawn at launch>";

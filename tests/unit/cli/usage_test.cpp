@@ -10,6 +10,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -249,6 +250,28 @@ TEST(Usage, EnvSaysTheWatchdogAndTheGraceAsTheyApply) {
   r = dew({"env"}, {{"DEW_WATCHDOG", "soon"}});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("DEW_WATCHDOG: 'soon' is not allowed"));
+}
+
+// dew env --contract: every DEW_* variable of the task contract, with its
+// value here or what holds without it; the secret only as set.
+TEST(Usage, EnvContractListsEveryVariableWithItsValueOrItsDefault) {
+  auto r = dew({"env", "--contract", "--json"}, {{"DEW_WATCHDOG", "2h"}, {"DEW_POOL_SECRET", std::string(64, 'c')}});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto rows = nlohmann::json::parse(r.out);
+  std::map<std::string, nlohmann::json> by_name;
+  for (const auto& row : rows) by_name[row["name"].get<std::string>()] = row;
+  EXPECT_EQ(by_name.size(), rows.size()) << "each name once";
+  for (const char* name : {"DEW_PROCESS_ID", "DEW_COORDINATOR_ADDRESS", "DEW_WATCHDOG", "DEW_NOTICE_TAG",
+                           "DEW_STOP_MARK", "DEW_MUNGE_SOCKET", "DEW_LOG_LEVEL"}) {
+    ASSERT_EQ(by_name.count(name), 1u) << name;
+    EXPECT_FALSE(by_name[name]["meaning"].get<std::string>().empty()) << name;
+    EXPECT_FALSE(by_name[name]["written_by"].get<std::string>().empty()) << name;
+  }
+  EXPECT_EQ(by_name["DEW_WATCHDOG"]["value"], "2h");
+  EXPECT_EQ(by_name["DEW_POOL_SECRET"]["value"], "(set, 64 characters)");
+  EXPECT_TRUE(by_name["DEW_PROCESS_ID"]["value"].is_null());
+  r = dew({"env", "--contract"}, {});
+  EXPECT_THAT(r.out, HasSubstr("DEW_WATCHDOG = (unset: 30m)\n"));
 }
 
 TEST(Usage, TopoOfAnEndlessDeviceStopsAtTheLimit) {
