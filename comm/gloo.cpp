@@ -12,6 +12,7 @@
 #include <gloo/transport/tcp/device.h>
 
 #include <algorithm>
+#include <chrono>
 #include <exception>
 #include <stdexcept>
 #include <string>
@@ -23,6 +24,13 @@
 namespace dew::comm {
 namespace {
 
+// A store's Error, carried through Gloo's rendezvous (which expects
+// exceptions) to make_gloo_communicator with its code.
+struct StoreFailure : std::runtime_error {
+  explicit StoreFailure(Error e) : std::runtime_error(e.message), error(std::move(e)) {}
+  Error error;
+};
+
 // Gloo's Store over the two functions. Gloo's rendezvous expects
 // exceptions; they stop in make_gloo_communicator.
 class FunctionStore : public gloo::rendezvous::Store {
@@ -31,7 +39,7 @@ class FunctionStore : public gloo::rendezvous::Store {
   void set(const std::string& key, const std::vector<char>& data) override { kv_.put(key, data); }
   std::vector<char> get(const std::string& key) override {
     auto value = kv_.get(key);
-    if (!value.ok()) throw std::runtime_error(value.error().message);
+    if (!value.ok()) throw StoreFailure(value.error());
     return std::move(value.value());
   }
   void wait(const std::vector<std::string>& keys) override {
@@ -43,12 +51,18 @@ class FunctionStore : public gloo::rendezvous::Store {
   KeyValue kv_;
 };
 
-// Gloo says "Timed out" when a peer never answered within the timeout; any
-// other failure is a peer that cannot be reached (or is gone).
-Error gloo_error(const std::string& what, const std::exception& e) {
+using Clock = std::chrono::steady_clock;
+
+// The Error of a failed Gloo call that began at `began`: a store's keeps its
+// code; Gloo's own exceptions have no kind of their own (a timeout is an
+// IoException like a reset), so one thrown once the whole timeout had
+// passed is a peer that never answered (kTimeout), any earlier one a peer
+// that cannot be reached or is gone (kUnavailable).
+Error gloo_error(const std::string& what, const std::exception& e, Clock::time_point began,
+                 std::chrono::milliseconds timeout) {
+  if (const auto* store = dynamic_cast<const StoreFailure*>(&e)) return store->error.prefixed(what);
   const std::string text = what + one_line(e.what());
-  const bool timed_out = text.find("Timed out") != std::string::npos || text.find("timed out") != std::string::npos;
-  return timed_out ? timeout_error(text) : unavailable(text);
+  return Clock::now() - began >= timeout ? timeout_error(text) : unavailable(text);
 }
 
 // `count` values of T cut into segments of `segment` values (the last one
@@ -272,12 +286,14 @@ class GlooCommunicator : public Communicator {
   template <typename F>
   Result<Done> guarded(const char* what, F&& body) {
     const NoSigpipe no_sigpipe;
+    const auto began = Clock::now();
     try {
       body();
       return Done{};
     } catch (const std::exception& e) {
       return gloo_error(
-          std::string(what) + " on rank " + std::to_string(rank()) + " of " + std::to_string(size()) + " failed: ", e);
+          std::string(what) + " on rank " + std::to_string(rank()) + " of " + std::to_string(size()) + " failed: ", e,
+          began, context_->getTimeout());
     }
   }
   std::shared_ptr<gloo::rendezvous::Context> context_;
@@ -299,6 +315,7 @@ Result<std::unique_ptr<Communicator>> make_gloo_communicator(const GlooOptions& 
   }
   // Gloo's device thread inherits this thread's blocked SIGPIPE.
   const NoSigpipe no_sigpipe;
+  const auto began = Clock::now();
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = options.hostname;
@@ -312,7 +329,7 @@ Result<std::unique_ptr<Communicator>> make_gloo_communicator(const GlooOptions& 
   } catch (const std::exception& e) {
     return gloo_error(
         "gloo: rank " + std::to_string(options.rank) + " of " + std::to_string(options.size) + " could not connect: ",
-        e);
+        e, began, options.timeout);
   }
 }
 

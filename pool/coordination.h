@@ -61,6 +61,10 @@ class CoordinationService {
 struct PeerFailure {
   int rank = 0;
   std::string message;
+  // Stopped from outside (a signal: scancel, a time limit, a preemption),
+  // not failed: said as a stop. Carried in the frame as its own item, never
+  // read from the message's words.
+  bool stopped = false;
 };
 
 struct ClientConfig {
@@ -105,7 +109,8 @@ class CoordinationClient {
   // Publishes this process's failure, then half-closes the connection and
   // waits (up to `bound`) until the service has read it and closed its side:
   // a process that exits right after must not have its last frame reset away.
-  void publish_failure(const std::string& message, std::chrono::milliseconds bound);
+  // `stopped`: a stop from outside (PeerFailure::stopped), not a failure.
+  void publish_failure(const std::string& message, std::chrono::milliseconds bound, bool stopped = false);
   // Publishes the failure of another process (`rank`, late to an agreement)
   // as this process knows it; this process then ends as its peer.
   void publish_blame(int rank, const std::string& message);

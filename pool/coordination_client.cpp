@@ -185,7 +185,7 @@ struct CoordinationClient::Impl {
       // Said to the pool as this process's own failure, so every process
       // prints the same line naming the altered connection.
       const std::string message = auth::altered_connection(config.rank, error);
-      write_frame(wire::Frame{wire::Type::kFail, {wire::encode_u64(static_cast<std::uint64_t>(config.rank)), message}});
+      write_frame(wire::failure_frame(wire::Type::kFail, static_cast<std::uint64_t>(config.rank), message, false));
       record_failure(PeerFailure{config.rank, message});
     }
     if (!frame) {
@@ -204,7 +204,8 @@ struct CoordinationClient::Impl {
         // one was late to an agreement). A process that published its own
         // failure is already ending and ignores the echo.
         const auto rank = wire::decode_u64(frame->items[0]).value_or(0);
-        record_failure(PeerFailure{static_cast<int>(rank), std::string(frame->items[1])});
+        record_failure(
+            PeerFailure{static_cast<int>(rank), std::string(frame->items[1]), frame->items[2] == wire::kStoppedKind});
         break;
       }
       case wire::Type::kValue:
@@ -444,21 +445,21 @@ Result<Gathered> CoordinationClient::gather(const std::string& round, const std:
   return Gathered(std::move(reply.value().owner), std::move(items));
 }
 
-void CoordinationClient::publish_failure(const std::string& message, std::chrono::milliseconds bound) {
+void CoordinationClient::publish_failure(const std::string& message, std::chrono::milliseconds bound, bool stopped) {
   impl_->write_frame(
-      wire::Frame{wire::Type::kFail, {wire::encode_u64(static_cast<std::uint64_t>(impl_->config.rank)), message}});
+      wire::failure_frame(wire::Type::kFail, static_cast<std::uint64_t>(impl_->config.rank), message, stopped));
   ::shutdown(impl_->fd, SHUT_WR);
   std::unique_lock lock(impl_->mutex);
   impl_->changed.wait_for(lock, bound, [&] { return impl_->service_closed; });
 }
 
 void CoordinationClient::publish_blame(int rank, const std::string& message) {
-  impl_->write_frame(wire::Frame{wire::Type::kFail, {wire::encode_u64(static_cast<std::uint64_t>(rank)), message}});
+  impl_->write_frame(wire::failure_frame(wire::Type::kFail, static_cast<std::uint64_t>(rank), message, false));
 }
 
 void CoordinationClient::prepare_signal_frame(int slot, const std::string& message) {
   impl_->signal_frames[slot] = wire::encode(
-      wire::Frame{wire::Type::kFail, {wire::encode_u64(static_cast<std::uint64_t>(impl_->config.rank)), message}});
+      wire::failure_frame(wire::Type::kFail, static_cast<std::uint64_t>(impl_->config.rank), message, false));
 }
 
 void CoordinationClient::publish_prepared_from_signal(int slot) noexcept {

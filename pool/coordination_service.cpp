@@ -339,8 +339,8 @@ void CoordinationService::Impl::handle_hello(const SessionPtr& session, const wi
   // Every frame after the welcome, both ways, carries a tag.
   session->keys = auth::frame_keys(config.secret, session->nonce, frame.items[2], *rank);
   if (failure) {
-    send(session, wire::Frame{wire::Type::kFailure,
-                              {wire::encode_u64(static_cast<std::uint64_t>(failure->rank)), failure->message}});
+    send(session, wire::failure_frame(wire::Type::kFailure, static_cast<std::uint64_t>(failure->rank), failure->message,
+                                      failure->stopped));
   }
 }
 

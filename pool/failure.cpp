@@ -225,7 +225,7 @@ void Pool::State::say_own_failure_record(const std::string& error, int exit_code
 void Pool::State::end_for_peer(const PeerFailure& failed) {
   if (failing.load() || ending.exchange(true)) wait_for_the_end();
   // A peer stopped from outside (stopped_by_signal) did not fail: said as a stop.
-  if (failed.message.rfind(kStoppedBy, 0) == 0) {
+  if (failed.stopped) {
     log_info("ending: process " + std::to_string(failed.rank) + " was " + failed.message);
   } else {
     log_error("ending: process " + std::to_string(failed.rank) + " failed: " + failed.message);
@@ -261,7 +261,7 @@ bool Pool::State::announce_end(const std::string& line, const std::string& messa
   if (!client) return true;
   // The process lives on a while: the frame needs no wait to leave it,
   // except from process 0, whose service must push it before it ends.
-  client->publish_failure(message, std::chrono::milliseconds(0));
+  client->publish_failure(message, std::chrono::milliseconds(0), /*stopped=*/!error);
   if (service) service->flush_failure(timings::kStopNoticeFlush);
   return true;
 }

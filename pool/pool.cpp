@@ -6,6 +6,9 @@
 #include <malloc.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <memory>
+
 #include "dew/framework_env.h"
 #include "dew/hex.h"
 #include "dew/log.h"
@@ -119,16 +122,20 @@ void connect_client(Pool::State& state, const std::string& secret, Clock::time_p
                       },
                       {}};
   config.slow_after = state.settings.slow_after;
+  // Whether the join failed at MUNGE's word (said by the callback itself,
+  // not read back from the error's text).
+  auto munge_refused = std::make_shared<std::atomic<bool>>(false);
   if (open_with_munge) {
-    config.secret_from_credential = [where = munge_auth::where_from_env(),
-                                     context = munge_context(state)](const std::string& credential) {
-      return munge_auth::open(where, context, credential);
+    config.secret_from_credential = [where = munge_auth::where_from_env(), context = munge_context(state),
+                                     munge_refused](const std::string& credential) {
+      auto secret = munge_auth::open(where, context, credential);
+      if (!secret.ok()) munge_refused->store(true);
+      return secret;
     };
   }
   auto client = CoordinationClient::connect(std::move(config));
   if (!client.ok()) {
-    const bool munge = open_with_munge && client.error().message.find("MUNGE") != std::string::npos;
-    if (!munge) throw PoolError(client.error());
+    if (!munge_refused->load()) throw PoolError(client.error());
     throw PoolError(Error{client.error().code, "DEW_POOL_SECRET is not set and " + client.error().message +
                                                    ": run munged (MUNGE) on every node, or export the same "
                                                    "DEW_POOL_SECRET (64 hex digits) to every process"});

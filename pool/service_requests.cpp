@@ -26,7 +26,8 @@ void CoordinationService::Impl::handle(const SessionPtr& session, wire::Frame& f
       // A process may publish another's failure (one late to an agreement).
       const auto named = wire::decode_u64(frame.items[0]);
       const bool other = named && *named < static_cast<std::uint64_t>(config.size);
-      return publish(PeerFailure{other ? static_cast<int>(*named) : session->rank, frame.items[1]});
+      return publish(PeerFailure{other ? static_cast<int>(*named) : session->rank, frame.items[1],
+                                 frame.items[2] == wire::kStoppedKind});
     }
     default:
       close(session, "closed the connection of process " + std::to_string(session->rank) + ": unexpected " +
@@ -236,8 +237,8 @@ void CoordinationService::Impl::fail_rounds_missing_a_leaver() {
 void CoordinationService::Impl::publish(PeerFailure failed) {
   if (failure) return;
   failure = failed;
-  const wire::Frame push{wire::Type::kFailure,
-                         {wire::encode_u64(static_cast<std::uint64_t>(failed.rank)), failed.message}};
+  const wire::Frame push = wire::failure_frame(wire::Type::kFailure, static_cast<std::uint64_t>(failed.rank),
+                                               failed.message, failed.stopped);
   for (const auto& client : clients) {
     if (client && !client->closed) send(client, push);
   }

@@ -32,8 +32,8 @@ constexpr std::size_t kAny = static_cast<std::size_t>(-1);
 constexpr std::array<Shape, 19> kShapes = {{
     {"", 0, 0},        {"challenge", 1, 2},     {"hello", 4, 4},  {"welcome", 1, 1},     {"refused", 1, 1},
     {"put", 2, 2},     {"get", 3, 3},           {"value", 2, 2},  {"not-found", 1, 1},   {"agree", 3, 3},
-    {"agreed", 1, 1},  {"agree-timeout", 2, 2}, {"gather", 4, 4}, {"gathered", 2, kAny}, {"fail", 2, 2},
-    {"failure", 2, 2}, {"heartbeat", 0, 0},     {"bye", 0, 0},    {"busy", 1, 1},
+    {"agreed", 1, 1},  {"agree-timeout", 2, 2}, {"gather", 4, 4}, {"gathered", 2, kAny}, {"fail", 3, 3},
+    {"failure", 3, 3}, {"heartbeat", 0, 0},     {"bye", 0, 0},    {"busy", 1, 1},
 }};
 
 bool known_type(std::uint8_t byte) { return byte >= 1 && byte < kShapes.size(); }
@@ -114,6 +114,10 @@ std::size_t head_bytes(std::string_view frame) noexcept {
   if (frame.size() < kTyped + 4) return std::min(frame.size(), kTyped);
   const std::size_t first = get_u32(frame, kTyped);
   return std::min(frame.size(), kTyped + 4 + first);
+}
+
+Frame failure_frame(Type type, std::uint64_t rank, std::string message, bool stopped) {
+  return Frame{type, {encode_u64(rank), std::move(message), std::string(stopped ? kStoppedKind : kFailedKind)}};
 }
 
 std::string encode_u64(std::uint64_t value) {

@@ -17,6 +17,10 @@
 
 namespace dew::runtime::wire {
 
+// The kind item of kFail and kFailure frames.
+inline constexpr std::string_view kFailedKind = "failed";
+inline constexpr std::string_view kStoppedKind = "stopped";
+
 enum class Type : std::uint8_t {
   kChallenge = 1,      // service -> client: nonce (and, for a pool under MUNGE, a credential)
   kHello = 2,          // client -> service: rank, size, client nonce, MAC
@@ -31,8 +35,8 @@ enum class Type : std::uint8_t {
   kAgreeTimeout = 11,  // request id, missing ranks ("2,3")
   kGather = 12,        // request id, round name, bytes, patience ms
   kGathered = 13,      // request id, then one item per rank
-  kFail = 14,          // client -> service: rank, message
-  kFailure = 15,       // service -> clients: rank, message
+  kFail = 14,          // client -> service: rank, message, kind (kFailedKind or kStoppedKind)
+  kFailure = 15,       // service -> clients: rank, message, kind
   kHeartbeat = 16,     // either way, no items
   kBye = 17,           // client -> service: leaving normally
   kBusy = 18,          // service -> client instead of a challenge: too many strangers now; reason (try again)
@@ -67,6 +71,9 @@ std::string encode_head(Type type, const std::vector<std::string>& leading, std:
 // The bytes encode() makes of a frame with items of these sizes.
 std::size_t encoded_size(const std::vector<std::size_t>& item_sizes);
 std::string encode_u64(std::uint64_t value);
+// A kFail (client) or kFailure (service) frame: rank, message, and its kind
+// (kStoppedKind for a stop from outside, else kFailedKind).
+Frame failure_frame(Type type, std::uint64_t rank, std::string message, bool stopped);
 // Where a frame's head ends (auth.h's tags hash the rest apart): after its
 // first item, or after the type byte when it has none. `frame` is a whole
 // frame that decoded; the answer never exceeds its size.

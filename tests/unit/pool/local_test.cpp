@@ -69,6 +69,18 @@ TEST(LocalPool, FailExitsWithItsOwnCodeAndPeersWithTheDocumentedOne) {
   EXPECT_THAT(pool.ranks[0]->err(), HasSubstr("[0] ending: process 1 failed: data loader raised on rank 1"));
 }
 
+// A stop is told from a failure by its frame's kind, not its words: a
+// failure whose message begins as a stop's does ("stopped by ...") is still
+// a failure to every peer (it was once said as a stop, at info level).
+TEST(LocalPool, AFailureWhoseMessageReadsLikeAStopIsStillAFailure) {
+  LocalPool pool(3, {"fail", "1", "7", "stopped by the data loader: the bucket is gone"});
+  EXPECT_EQ(pool.wait_all(20s), std::vector<int>({75, 7, 75})) << pool.describe();
+  EXPECT_THAT(pool.ranks[0]->err(),
+              HasSubstr("[0] ending: process 1 failed: stopped by the data loader: the bucket is gone"))
+      << pool.describe();
+  EXPECT_THAT(pool.ranks[2]->err(), ::testing::Not(HasSubstr("process 1 was stopped by"))) << pool.describe();
+}
+
 // A before-exit hook whose thread is ended by pthread_exit (Python ends a
 // thread that takes its lock while the interpreter finalizes) still lets the
 // process end with its own code: the unwinding was once swallowed, and the

@@ -4,6 +4,7 @@
 //   pool_worker exchange            put/get, all_gather, agreements
 //   pool_worker throw R             rank R throws at step 3 of a step loop
 //   pool_worker fail R CODE         rank R calls pool.fail(..., CODE) at step 3
+//   pool_worker fail R CODE MESSAGE rank R calls pool.fail(MESSAGE, CODE) at step 3
 //   pool_worker crash R             rank R gets SIGSEGV at step 3
 //   pool_worker steps               steps of agree("step") until killed
 //   pool_worker stall R SECONDS     rank R sleeps before agree("checkpoint"), patience 2 s
@@ -215,9 +216,11 @@ int main(int argc, char** argv) {
     });
   }
   if (scenario == "fail") {
+    const std::string message =
+        argc > 4 ? std::string(argv[4]) : "data loader raised on rank " + std::to_string(pool.rank());
     steps(pool, arg(2), [&] {
       failing_now();
-      pool.fail("data loader raised on rank " + std::to_string(pool.rank()), arg(3));
+      pool.fail(message, arg(3));
     });
   }
   if (scenario == "fail-hook-exits-thread") {
