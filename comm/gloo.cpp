@@ -36,7 +36,10 @@ struct StoreFailure : std::runtime_error {
 class FunctionStore : public gloo::rendezvous::Store {
  public:
   explicit FunctionStore(KeyValue kv) : kv_(std::move(kv)) {}
-  void set(const std::string& key, const std::vector<char>& data) override { kv_.put(key, data); }
+  void set(const std::string& key, const std::vector<char>& data) override {
+    auto put = kv_.put(key, data);
+    if (!put.ok()) throw StoreFailure(put.error());
+  }
   std::vector<char> get(const std::string& key) override {
     auto value = kv_.get(key);
     if (!value.ok()) throw StoreFailure(value.error());

@@ -16,12 +16,13 @@ KeyValue local_key_value(std::chrono::milliseconds timeout) {
   };
   auto shared = std::make_shared<Shared>();
   KeyValue kv;
-  kv.put = [shared](const std::string& key, const std::vector<char>& value) {
+  kv.put = [shared](const std::string& key, const std::vector<char>& value) -> Result<Done> {
     {
       std::lock_guard lock(shared->mutex);
       shared->values[key] = value;
     }
     shared->changed.notify_all();
+    return Done{};
   };
   kv.get = [shared, timeout](const std::string& key) -> Result<std::vector<char>> {
     std::unique_lock lock(shared->mutex);

@@ -303,7 +303,8 @@ Result<std::unique_ptr<Communicator>> make_nccl_communicator(const NcclOptions& 
     const ncclResult_t status = ncclGetUniqueId(&id);
     if (status != ncclSuccess) return unavailable(on + ": " + nccl_failed("ncclGetUniqueId", status));
     const char* bytes = reinterpret_cast<const char*>(&id);
-    options.store.put(key, std::vector<char>(bytes, bytes + sizeof id));
+    auto put = options.store.put(key, std::vector<char>(bytes, bytes + sizeof id));
+    if (!put.ok()) return put.error().prefixed(on + ": ");
   }
 
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;

@@ -83,11 +83,12 @@ class Communicator {
   std::optional<Error> check_reduce_scatter(std::size_t send, std::size_t recv) const;
 };
 
-// A key-value store as two functions: put(key, value) publishes, get(key)
-// waits for the key (up to the timeout the store keeps) and returns its
-// value, or an Error (kTimeout naming the key, or the pool's own).
+// A key-value store as two functions: put(key, value) publishes (or gives
+// the store's Error), get(key) waits for the key (up to the timeout the
+// store keeps) and returns its value, or an Error (kTimeout naming the key,
+// or the pool's own).
 struct KeyValue {
-  std::function<void(const std::string&, const std::vector<char>&)> put;
+  std::function<Result<Done>(const std::string&, const std::vector<char>&)> put;
   std::function<Result<std::vector<char>>(const std::string&)> get;
 };
 

@@ -123,7 +123,7 @@ TEST(AxisRendezvous, EachCallIsTheDevicesNextRoundOfItsGroup) {
   EXPECT_EQ(other.value().member.rank, 2);
   EXPECT_EQ(other.value().prefix, first.value().member.prefix + "/0");
   // The store is the pool's.
-  first.value().store.put("rendezvous-test", {'o', 'k'});
+  ASSERT_TRUE(first.value().store.put("rendezvous-test", {'o', 'k'}).ok());
   EXPECT_EQ(pool.get("rendezvous-test", std::chrono::seconds(1)), "ok");
   auto got = other.value().store.get("rendezvous-test");
   ASSERT_TRUE(got.ok()) << got.error().message;

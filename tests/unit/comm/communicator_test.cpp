@@ -201,13 +201,14 @@ TEST(CommunicatorErrorsTest, PeerGoneDuringAllReduceIsAnErrorNotAHang) {
 // writes a file and renames it into place, get polls for it.
 KeyValue directory_key_value(const std::filesystem::path& dir) {
   KeyValue kv;
-  kv.put = [dir](const std::string& key, const std::vector<char>& value) {
+  kv.put = [dir](const std::string& key, const std::vector<char>& value) -> dew::Result<dew::Done> {
     const auto name = dir / std::to_string(std::hash<std::string>{}(key));
     {
       std::ofstream out(name.string() + ".tmp", std::ios::binary);
       out.write(value.data(), std::streamsize(value.size()));
     }
     std::filesystem::rename(name.string() + ".tmp", name);
+    return dew::Done{};
   };
   kv.get = [dir](const std::string& key) -> dew::Result<std::vector<char>> {
     const auto name = dir / std::to_string(std::hash<std::string>{}(key));
@@ -353,10 +354,11 @@ TEST(CommunicatorErrorsTest, TheStoresErrorCodeComesThroughTheRendezvous) {
   GlooOptions options;
   options.rank = 0;
   options.size = 2;
-  options.store = KeyValue{[](const std::string&, const std::vector<char>&) {},
-                           [](const std::string& key) -> dew::Result<std::vector<char>> {
-                             return dew::Error{ErrorCode::kPermissionDenied, "the pool's secret is wrong for " + key};
-                           }};
+  options.store =
+      KeyValue{[](const std::string&, const std::vector<char>&) -> dew::Result<dew::Done> { return dew::Done{}; },
+               [](const std::string& key) -> dew::Result<std::vector<char>> {
+                 return dew::Error{ErrorCode::kPermissionDenied, "the pool's secret is wrong for " + key};
+               }};
   const auto r = dew::comm::make_gloo_communicator(options);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().code, ErrorCode::kPermissionDenied) << r.error().message;
@@ -366,6 +368,13 @@ TEST(CommunicatorErrorsTest, TheStoresErrorCodeComesThroughTheRendezvous) {
     return dew::timeout_error("the peer did not answer in time");
   };
   EXPECT_EQ(dew::comm::make_gloo_communicator(options).error().code, ErrorCode::kTimeout);
+  // A put the store refuses (the pool ending under it) is said with its code too.
+  options.store.put = [](const std::string&, const std::vector<char>&) -> dew::Result<dew::Done> {
+    return dew::Error{ErrorCode::kPeerFailed, "process 1 failed: out of memory"};
+  };
+  const auto refused = dew::comm::make_gloo_communicator(options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code, ErrorCode::kPeerFailed) << refused.error().message;
 }
 
 }  // namespace

@@ -151,7 +151,7 @@ TEST(NcclCommunicatorErrorsTest, AnIdOfTheWrongSize) {
   options.rank = 1;
   options.size = 2;
   options.store = dew::comm::local_key_value(std::chrono::milliseconds(200));
-  options.store.put("dew/comm/nccl-unique-id", {'x', 'y'});
+  ASSERT_TRUE(options.store.put("dew/comm/nccl-unique-id", {'x', 'y'}).ok());
   EXPECT_THAT(dew::testing::invalid_argument_of(dew::comm::make_nccl_communicator(options)),
               HasSubstr("nccl: rank 1 of 2 (GPU 0): the NCCL unique id under 'dew/comm/nccl-unique-id' has 2 "
                         "bytes; allowed: 128"));
