@@ -295,7 +295,7 @@ void add_launch_options(CLI::App* launch, LaunchArgs& args) {
                    "(srun --help lists --dew-pool; --devices-per-process, --port, --coordinator and --watchdog "
                    "become --dew-* options); without it with --kill-on-bad-exit=1, and the launcher gives srun's "
                    "environment the pool's secret, the watchdog and, with --coordinator or --port, the "
-                   "coordinator (--devices-per-process needs the plugin)");
+                   "coordinator (--devices-per-process N needs the plugin)");
   launch
       ->add_option("--ssh-config", args.options.ssh_config,
                    "ssh -F FILE for every ssh the launcher runs (default: $DEW_LAUNCH_SSH_CONFIG, else ssh's own)")

@@ -13,6 +13,7 @@
 
 #include "axis_index.h"
 #include "dew/mesh.h"
+#include "sanitizer_slowdown.h"
 
 namespace dew::mesh {
 namespace {
@@ -294,7 +295,7 @@ TEST(PlacementTest, SixteenRandomDevicesStayFast) {
       const Placement placement = place(m, 16, shape);
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       EXPECT_TRUE(placement.exact);
-      EXPECT_LT(seconds, 5.0) << "seed " << seed << ", shape " << shape_text(shape);
+      EXPECT_LT(seconds, 5.0 * dew::testing::kSanitizerSlowdown) << "seed " << seed << ", shape " << shape_text(shape);
       std::vector<int> sorted = placement.order;
       std::sort(sorted.begin(), sorted.end());
       std::vector<int> identity(16);
@@ -322,7 +323,7 @@ TEST(PlacementTest, Nvl72HeuristicFindsQuadsFastAndNeverLosesToIdOrder) {
     const Placement placement = place(m, n, shape);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     EXPECT_FALSE(placement.exact);
-    EXPECT_LT(seconds, 1.0) << shape_text(shape);
+    EXPECT_LT(seconds, 1.0 * dew::testing::kSanitizerSlowdown) << shape_text(shape);
     const Score score = score_layout(m, n, shape, placement.order);
     // The innermost axis gets the quads, the next the pairs of quads: the
     // optimum here, where the id order gets the slowest links.
