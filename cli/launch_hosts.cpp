@@ -153,7 +153,8 @@ std::optional<Stop> gather_host_facts(const LaunchArgs& args, launch::LaunchFact
     if (ask_port) facts.framework_port_text = "FRAMEWORK_PORT";
     if (ask_port && !o.port) facts.port_text = "PORT";
     if (ask_port || !launch::all_local(o)) {
-      log_info("--dry-run: remote hosts are not asked; the port shows as PORT and their GPUs as indices");
+      log_info(std::string("--dry-run: remote hosts are not asked; the port shows as PORT and their GPUs ") +
+               (o.devices_per_process ? "as indices" : "not at all (their share is known only once asked)"));
     }
   }
   std::vector<std::pair<std::string, std::future<Result<launch::HostAnswer>>>> asked;
