@@ -4,21 +4,13 @@
 namespace dew::axes {
 
 KeyValue pool_key_value(runtime::Pool& pool, std::chrono::milliseconds timeout) {
-  return KeyValue{[&pool](const std::string& key, const std::vector<char>& value) -> Result<Done> {
-                    try {
-                      pool.put(key, std::string(value.begin(), value.end()));
-                      return Done{};
-                    } catch (const runtime::PoolError& error) {
-                      return Error{error.code(), error.what()};
-                    }
+  return KeyValue{[&pool](const std::string& key, const std::vector<char>& value) {
+                    return pool.try_put(key, std::string(value.begin(), value.end()));
                   },
                   [&pool, timeout](const std::string& key) -> Result<std::vector<char>> {
-                    try {
-                      const std::string value = pool.get(key, timeout);
-                      return std::vector<char>(value.begin(), value.end());
-                    } catch (const runtime::PoolError& error) {
-                      return Error{error.code(), error.what()};
-                    }
+                    auto value = pool.try_get(key, timeout);
+                    if (!value.ok()) return value.error();
+                    return std::vector<char>(value.value().begin(), value.value().end());
                   }};
 }
 

@@ -119,13 +119,9 @@ int run(const CheckOptions& o) {
   for (auto& t : threads) t.join();
 
   // Every process's devices, at process 0.
-  std::vector<std::string> all;
-  try {
-    all = pool.all_gather(serialize(measured)).strings();
-  } catch (const runtime::PoolError& e) {
-    return report(Error{e.code(), e.what()});
-  }
-  return print_report(o, s, all, pool.rank() == 0) ? 0 : 1;
+  auto all = pool.try_all_gather(serialize(measured));
+  if (!all.ok()) return report(all.error());
+  return print_report(o, s, all.value().strings(), pool.rank() == 0) ? 0 : 1;
 }
 
 }  // namespace

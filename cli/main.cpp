@@ -26,13 +26,7 @@ void run_subcommand(std::string_view name, const std::function<int()>& body) {
   if (code != 0) finish(code);
 }
 
-Result<runtime::Pool> join_pool(const runtime::JoinOptions& options) {
-  try {
-    return runtime::join(options);
-  } catch (const runtime::PoolError& e) {
-    return Error{e.code(), e.what()};
-  }
-}
+Result<runtime::Pool> join_pool(const runtime::JoinOptions& options) { return runtime::try_join(options); }
 
 Result<runtime::Pool> join_with_cpu_devices() {
   openblas_set_num_threads(1);

@@ -66,45 +66,47 @@ Result<Address> step_past_taken_port(const Address& taken, const std::string& fr
 }
 
 // Process 0's choice: the launcher's, stepped past when taken, or a port of its own.
-Address framework_choice(const Pool::State& state) {
+Result<Address> framework_choice(const Pool::State& state) {
   const Identity& id = state.identity;
   const std::uint16_t dew_port = state.service ? state.service->port() : 0;
   if (id.framework_coordinator) {
     if (id.framework_coordinator->port == dew_port) {
-      throw PoolError(invalid_argument(id.framework_coordinator_from + "=" + id.framework_coordinator->text() +
-                                       " is Dew's own coordinator port; allowed: a port of its own"));
+      return invalid_argument(id.framework_coordinator_from + "=" + id.framework_coordinator->text() +
+                              " is Dew's own coordinator port; allowed: a port of its own");
     }
     if (port_free_here(id.framework_coordinator->port)) return *id.framework_coordinator;
-    auto stepped = step_past_taken_port(*id.framework_coordinator, id.framework_coordinator_from, dew_port);
-    if (!stepped.ok()) throw PoolError(stepped.error());
-    return stepped.value();
+    return step_past_taken_port(*id.framework_coordinator, id.framework_coordinator_from, dew_port);
   }
   auto port = choose_free_port(dew_port);
-  if (!port.ok()) throw PoolError(port.error());
+  if (!port.ok()) return port.error();
   const std::string host = !state.client ? "127.0.0.1" : id.coordinator ? id.coordinator->host : id.hostname;
   return Address{host, port.value()};
 }
 
 }  // namespace
 
-void offer_framework_coordinator(Pool::State& state) {
-  if (state.identity.rank != 0) return;
-  state.identity.framework_coordinator = framework_choice(state);
+Result<Done> offer_framework_coordinator(Pool::State& state) {
+  if (state.identity.rank != 0) return Done{};
+  auto choice = framework_choice(state);
+  if (!choice.ok()) return choice.error();
+  state.identity.framework_coordinator = choice.value();
   if (state.identity.framework_coordinator_from.empty()) state.identity.framework_coordinator_from = "process 0";
   if (state.client) state.client->put(kFrameworkKey, state.identity.framework_coordinator->text());
+  return Done{};
 }
 
-void take_framework_coordinator(Pool::State& state) {
+Result<Done> take_framework_coordinator(Pool::State& state) {
   Identity& id = state.identity;
-  if (id.rank == 0 || !state.client) return;
+  if (id.rank == 0 || !state.client) return Done{};
   auto text = state.checked(state.client->get(kFrameworkKey, state.settings.join_timeout));
   auto address = text ? parse_address(*text, "process 0's framework coordinator")
                       : Result<Address>(internal_error("process 0 gave no framework coordinator"));
-  if (!address.ok()) throw PoolError(address.error());
+  if (!address.ok()) return address.error();
   if (!id.framework_coordinator || id.framework_coordinator->text() != address.value().text()) {
     id.framework_coordinator_from = "process 0";
   }
   id.framework_coordinator = address.value();
+  return Done{};
 }
 
 }  // namespace dew::runtime

@@ -34,19 +34,19 @@ std::string seconds_of(std::chrono::milliseconds duration) {
   return seconds_text(std::chrono::duration<double>(duration).count());
 }
 
-std::unique_ptr<CoordinationService> start_service(const Pool::State& state, const std::string& secret,
-                                                   std::uint16_t port,
-                                                   std::function<Result<std::string>()> credential = {}) {
+Result<std::unique_ptr<CoordinationService>> start_service(const Pool::State& state, const std::string& secret,
+                                                           std::uint16_t port,
+                                                           std::function<Result<std::string>()> credential = {}) {
   auto service = CoordinationService::start(
       ServiceConfig{state.identity.size, secret, port, state.settings.heartbeat_timeout, state.settings.slow_after,
                     [](const std::string& line) { log_warn("coordination service: " + line); }, std::move(credential)});
   if (!service.ok()) {
     const auto& id = state.identity;
     const std::string where = id.coordinator ? " (" + id.coordinator_from + "=" + id.coordinator->text() + ")" : "";
-    throw PoolError(Error{service.error().code, service.error().message + where});
+    return Error{service.error().code, service.error().message + where};
   }
   log_debug("join: the coordination service listens on port " + std::to_string(service.value()->port()));
-  return std::move(service.value());
+  return service;
 }
 
 // Under PMIx: PMIx fences cannot say who is missing and PMIx keys belong to
@@ -55,27 +55,29 @@ std::unique_ptr<CoordinationService> start_service(const Pool::State& state, con
 // can read, and the others fetch them from it (no fence: one process that
 // never comes holds nobody, and the service's join agreement names it).
 // Returns the secret.
-std::string bootstrap_over_pmix(Pool::State& state, std::string secret) {
+Result<std::string> bootstrap_over_pmix(Pool::State& state, std::string secret) {
   Identity& id = state.identity;
   std::string contribution;
   if (id.rank == 0) {
     if (secret.empty()) {
       auto fresh = random_hex(32);
-      if (!fresh.ok()) throw PoolError(fresh.error());
+      if (!fresh.ok()) return fresh.error();
       secret = fresh.value();
     }
-    state.service = start_service(state, secret, 0);
+    auto service = start_service(state, secret, 0);
+    if (!service.ok()) return service.error();
+    state.service = std::move(service.value());
     contribution = hostname() + "\n" + std::to_string(state.service->port()) + "\n" + secret;
   }
   auto fetched = state.pmix->from_process_zero("dew.coordinator", contribution, state.settings.join_timeout);
-  if (!fetched.ok()) throw PoolError(fetched.error());
+  if (!fetched.ok()) return fetched.error();
   const std::string& zero = fetched.value();
   const auto first = zero.find('\n');
   const auto second = first == std::string::npos ? first : zero.find('\n', first + 1);
   const auto port = second == std::string::npos
                         ? std::nullopt
                         : parse_whole<std::uint16_t>(zero.substr(first + 1, second - first - 1));
-  if (!port) throw PoolError(internal_error("process 0 sent no coordinator over PMIx"));
+  if (!port) return internal_error("process 0 sent no coordinator over PMIx");
   id.coordinator = Address{zero.substr(0, first), *port};
   id.coordinator_from = "process 0, over PMIx";
   return zero.substr(second + 1);
@@ -83,23 +85,24 @@ std::string bootstrap_over_pmix(Pool::State& state, std::string secret) {
 
 // Without PMIx: the coordinator's address and the secret come from the
 // environment; process 0 listens at the address's port.
-void check_tcp_pool(const Pool::State& state, const std::string& secret) {
+Result<Done> check_tcp_pool(const Pool::State& state, const std::string& secret) {
   const Identity& id = state.identity;
   if (!id.coordinator) {
-    throw PoolError(invalid_argument(std::string(source_name(id.source)) +
-                                     " gives rank and size but no coordinator: set "
-                                     "DEW_COORDINATOR_ADDRESS=host:port for every process"));
+    return invalid_argument(std::string(source_name(id.source)) +
+                            " gives rank and size but no coordinator: set "
+                            "DEW_COORDINATOR_ADDRESS=host:port for every process");
   }
   if (secret.empty() && munge_context(state).empty()) {
-    throw PoolError(invalid_argument(
+    return invalid_argument(
         "DEW_POOL_SECRET is not set: the coordination service admits only processes that know the pool's secret "
         "(srun --dew-pool and dew launch set it; plain srun uses MUNGE instead; elsewhere export the same "
-        "DEW_POOL_SECRET, e.g. $(openssl rand -hex 32), to every process)"));
+        "DEW_POOL_SECRET, e.g. $(openssl rand -hex 32), to every process)");
   }
+  return Done{};
 }
 
-void connect_client(Pool::State& state, const std::string& secret, Clock::time_point deadline,
-                    bool open_with_munge = false) {
+Result<Done> connect_client(Pool::State& state, const std::string& secret, Clock::time_point deadline,
+                            bool open_with_munge = false) {
   const Identity& id = state.identity;
   // Process 0 reaches its own service on the loopback.
   const bool local = id.rank == 0;
@@ -135,12 +138,13 @@ void connect_client(Pool::State& state, const std::string& secret, Clock::time_p
   }
   auto client = CoordinationClient::connect(std::move(config));
   if (!client.ok()) {
-    if (!munge_refused->load()) throw PoolError(client.error());
-    throw PoolError(Error{client.error().code, "DEW_POOL_SECRET is not set and " + client.error().message +
-                                                   ": run munged (MUNGE) on every node, or export the same "
-                                                   "DEW_POOL_SECRET (64 hex digits) to every process"});
+    if (!munge_refused->load()) return client.error();
+    return Error{client.error().code, "DEW_POOL_SECRET is not set and " + client.error().message +
+                                          ": run munged (MUNGE) on every node, or export the same "
+                                          "DEW_POOL_SECRET (64 hex digits) to every process"};
   }
   state.client = std::move(client.value());
+  return Done{};
 }
 
 std::string backend_of(const Pool::State& state) {
@@ -229,56 +233,72 @@ void agree_joined(Pool::State& state, Clock::time_point started) {
   }
 }
 
+// Without PMIx: the secret (or MUNGE standing for it), process 0's
+// service, and this process's client.
+Result<Done> connect_over_tcp(Pool::State& state, std::string secret, Clock::time_point started) {
+  const Identity& id = state.identity;
+  if (auto checked = check_tcp_pool(state, secret); !checked.ok()) return checked;
+  log_debug("join: coordinator " + id.coordinator->text() + " from " + id.coordinator_from);
+  const bool munge = secret.empty();
+  if (munge) {
+    log_debug("join: no DEW_POOL_SECRET: MUNGE stands for it (" + munge_context(state) + ")");
+    if (auto probed = require_munge(munge_auth::where_from_env(), munge_context(state)); !probed.ok()) return probed;
+  }
+  if (id.rank == 0) {
+    std::function<Result<std::string>()> credential;
+    if (munge) {
+      auto sealing = seal_with_munge(state, secret);
+      if (!sealing.ok()) return sealing.error();
+      credential = std::move(sealing.value());
+    }
+    auto service = start_service(state, secret, id.coordinator->port, std::move(credential));
+    if (!service.ok()) return service.error();
+    state.service = std::move(service.value());
+  }
+  return connect_client(state, secret, started + state.settings.join_timeout, munge && id.rank != 0);
+}
+
 // The join once the identity and the log prefix are known: the secret's
 // check, the service and the client, the first agreement.
-void join_with(Pool::State& s, const JoinOptions& options, Clock::time_point started, std::string secret) {
-  Pool::State* state = &s;
-  Identity& id = state->identity;
+Result<Done> join_with(Pool::State& state, const JoinOptions& options, Clock::time_point started, std::string secret) {
+  Identity& id = state.identity;
   // A guessable secret would let anyone who can reach the port into the pool.
   if (!secret.empty()) {
-    if (auto problem = pool_secret_problem(secret); !problem.empty()) throw PoolError(invalid_argument(problem));
+    if (auto problem = pool_secret_problem(secret); !problem.empty()) return invalid_argument(problem);
   }
   log_debug("join: identity from " + std::string(source_name(id.source)) + ": " + id.why);
   if (id.hostname.empty()) id.hostname = hostname();
 
   if (id.size > 1 && id.source != PoolSource::kAlone) {
-    if (state->pmix) {
-      secret = bootstrap_over_pmix(*state, secret);
-    } else {
-      check_tcp_pool(*state, secret);
-      log_debug("join: coordinator " + id.coordinator->text() + " from " + id.coordinator_from);
-      const bool munge = secret.empty();
-      if (munge) {
-        log_debug("join: no DEW_POOL_SECRET: MUNGE stands for it (" + munge_context(*state) + ")");
-        require_munge(munge_auth::where_from_env(), munge_context(*state));
-      }
-      if (id.rank == 0) {
-        auto credential = munge ? seal_with_munge(*state, secret) : std::function<Result<std::string>()>{};
-        state->service = start_service(*state, secret, id.coordinator->port, std::move(credential));
-      }
-      connect_client(*state, secret, started + state->settings.join_timeout, munge && id.rank != 0);
+    if (state.pmix) {
+      auto bootstrapped = bootstrap_over_pmix(state, secret);
+      if (!bootstrapped.ok()) return bootstrapped.error();
+      auto connected = connect_client(state, bootstrapped.value(), started + state.settings.join_timeout);
+      if (!connected.ok()) return connected;
+    } else if (auto connected = connect_over_tcp(state, std::move(secret), started); !connected.ok()) {
+      return connected;
     }
-    if (state->pmix) connect_client(*state, secret, started + state->settings.join_timeout);
   }
 
-  attach_failure_path(*state, options.failure_handlers);
-  offer_framework_coordinator(*state);
-  if (state->client) {
-    state->start_watch();
-    agree_joined(*state, started);
-    take_framework_coordinator(*state);
+  attach_failure_path(state, options.failure_handlers);
+  if (auto offered = offer_framework_coordinator(state); !offered.ok()) return offered;
+  if (state.client) {
+    state.start_watch();
+    agree_joined(state, started);
+    if (auto taken = take_framework_coordinator(state); !taken.ok()) return taken;
   }
   log_info("Joined the pool: process " + std::to_string(id.rank) + " of " + std::to_string(id.size) + " (" +
-           std::string(source_name(id.source)) + ", " + backend_of(*state) + ")");
+           std::string(source_name(id.source)) + ", " + backend_of(state) + ")");
+  return Done{};
 }
 
-std::unique_ptr<Pool::State> join_pool(const JoinOptions& options, Clock::time_point started) {
-  if (auto level = configure_log_level_from_env(); !level.ok()) throw PoolError(level.error());
+Result<std::unique_ptr<Pool::State>> join_pool(const JoinOptions& options, Clock::time_point started) {
+  if (auto level = configure_log_level_from_env(); !level.ok()) return level.error();
   const Environment env = current_environment();
   auto identity = resolve_identity(env, options);
-  if (!identity.ok()) throw PoolError(identity.error());
+  if (!identity.ok()) return identity.error();
   auto settings = resolve_settings(env, options);
-  if (!settings.ok()) throw PoolError(settings.error());
+  if (!settings.ok()) return settings.error();
 
   auto state = std::make_unique<Pool::State>();
   state->identity = identity.value();
@@ -292,45 +312,43 @@ std::unique_ptr<Pool::State> join_pool(const JoinOptions& options, Clock::time_p
 
   if (id.source == PoolSource::kPmix) {
     auto pmix = PmixSession::init();
-    if (!pmix.ok()) throw PoolError(pmix.error());
+    if (!pmix.ok()) return pmix.error();
     state->pmix = std::move(pmix.value());
     state->pmix->fill(id);
     if (id.size == 1 && !options.multi_host) id.why += "; one process: no pool";
   }
   set_log_prefix(state->prefix());  // the rank is known now, PMIx's too
-  try {
-    join_with(*state, options, started, std::move(secret));
-    return state;
-  } catch (const PoolError&) {
+  auto joined = join_with(*state, options, started, std::move(secret));
+  if (!joined.ok()) {
     // Under PMIx an uncaught join failure aborts the job step (as a failure
     // after joining does): srun would otherwise wait for every task.
     if (state->pmix) keep_pmix_for_join_failure(std::move(state->pmix));
-    throw;
+    return joined.error();
   }
+  return state;
 }
 
 }  // namespace
 
-Pool join(JoinOptions options) {
+Result<Pool> try_join(JoinOptions options) {
   static std::atomic<bool> joined{false};
-  if (joined.exchange(true)) {
-    throw PoolError(invalid_argument("join() was called twice: a process belongs to one pool"));
-  }
-  const auto started = Clock::now();
+  if (joined.exchange(true)) return invalid_argument("join() was called twice: a process belongs to one pool");
+  auto state = join_pool(options, Clock::now());
+  if (!state.ok()) return state.error();
+  // The secret lets anyone who has it into the pool: once joined, this
+  // process needs it no more, and its children (a shell, a data loader,
+  // a user's subprocess) should not carry it.
+  if (!options.secret) ::unsetenv(contract::kPoolSecret.name);
+  return Pool(std::move(state.value()));
+}
+
+Pool join(JoinOptions options) {
   // A join that fails throws; left uncaught, that is one line and
   // kJoinFailedExitCode rather than std::terminate's abort.
   if (options.failure_handlers) guard_join_failure();
-  try {
-    Pool pool(join_pool(options, started));
-    // The secret lets anyone who has it into the pool: once joined, this
-    // process needs it no more, and its children (a shell, a data loader,
-    // a user's subprocess) should not carry it.
-    if (!options.secret) ::unsetenv(contract::kPoolSecret.name);
-    return pool;
-  } catch (const PoolError& error) {
-    note_join_failure(error.what());
-    throw;
-  }
+  auto pool = try_join(std::move(options));
+  if (!pool.ok()) note_join_failure(pool.error().message);
+  return value_or_throw(std::move(pool));
 }
 
 namespace {
@@ -339,53 +357,63 @@ std::string mib(std::size_t bytes) { return std::to_string(bytes >> 20) + " MiB"
 
 // Refuses, before anything is sent, a message the coordination service
 // would drop: one frame holds at most wire::kMaxFrameBytes.
-void check_frame_size(std::size_t frame_bytes, std::size_t payload_bytes, const std::string& what) {
-  if (frame_bytes <= wire::kMaxFrameBytes) return;
+Result<Done> check_frame_size(std::size_t frame_bytes, std::size_t payload_bytes, const std::string& what) {
+  if (frame_bytes <= wire::kMaxFrameBytes) return Done{};
   // What the frame holds besides the payload: its header and the other
   // items (a put's key). Alone over the limit, no payload fits at all.
   const std::size_t rest = frame_bytes - payload_bytes;
   if (rest >= wire::kMaxFrameBytes) {
-    throw PoolError(invalid_argument(what + ": the key and the frame take " + std::to_string(rest) +
-                                     " bytes, over the coordination service's limit of " + mib(wire::kMaxFrameBytes) +
-                                     " a message; allowed: a short key"));
+    return invalid_argument(what + ": the key and the frame take " + std::to_string(rest) +
+                            " bytes, over the coordination service's limit of " + mib(wire::kMaxFrameBytes) +
+                            " a message; allowed: a short key");
   }
-  throw PoolError(invalid_argument(what + ": the payload of " + std::to_string(payload_bytes) +
-                                   " bytes is over the coordination service's limit of " +
-                                   std::to_string(wire::kMaxFrameBytes - rest) + " bytes a message (" +
-                                   mib(wire::kMaxFrameBytes) +
-                                   " with the frame); send large data over a communicator (dew/comm.h)"));
+  return invalid_argument(what + ": the payload of " + std::to_string(payload_bytes) +
+                          " bytes is over the coordination service's limit of " +
+                          std::to_string(wire::kMaxFrameBytes - rest) + " bytes a message (" +
+                          mib(wire::kMaxFrameBytes) +
+                          " with the frame); send large data over a communicator (dew/comm.h)");
 }
 
 }  // namespace
 
-void Pool::put(const std::string& key, const std::string& value) {
-  check_frame_size(wire::encoded_size({key.size(), value.size()}), value.size(), "put('" + printable(key) + "')");
+Result<Done> Pool::try_put(const std::string& key, const std::string& value) {
+  auto fits =
+      check_frame_size(wire::encoded_size({key.size(), value.size()}), value.size(), "put('" + printable(key) + "')");
+  if (!fits.ok()) return fits;
   if (!state_->client) {
     // A pool of one may still run several device threads that rendezvous here.
     std::lock_guard lock(state_->mutex);
     state_->local_kv[key] = value;
     state_->changed.notify_all();
-    return;
+    return Done{};
   }
   state_->client->put(key, value);
+  return Done{};
 }
 
-std::string Pool::get(const std::string& key, std::chrono::milliseconds timeout) {
+Result<std::string> Pool::try_get(const std::string& key, std::chrono::milliseconds timeout) {
   // A key over the frame limit was dropped by the service as a bad frame,
   // and the pool ended: refused here, as put refuses it.
-  check_frame_size(wire::encoded_size({key.size(), 8}), 0, "get('" + printable(key) + "')");
+  auto fits = check_frame_size(wire::encoded_size({key.size(), 8}), 0, "get('" + printable(key) + "')");
+  if (!fits.ok()) return fits.error();
   const auto not_there = [&] {
-    return PoolError(timeout_error("get('" + key + "'): no process put it within " + seconds_of(timeout)));
+    return timeout_error("get('" + key + "'): no process put it within " + seconds_of(timeout));
   };
   if (!state_->client) {
     // Another thread of this process may put it: wait, as a pooled get does.
     std::unique_lock lock(state_->mutex);
-    if (!state_->changed.wait_for(lock, timeout, [&] { return state_->local_kv.count(key) > 0; })) throw not_there();
+    if (!state_->changed.wait_for(lock, timeout, [&] { return state_->local_kv.count(key) > 0; })) return not_there();
     return state_->local_kv.at(key);
   }
   auto value = state_->checked(state_->client->get(key, timeout));
-  if (!value) throw not_there();
-  return *value;
+  if (!value) return not_there();
+  return std::move(*value);
+}
+
+void Pool::put(const std::string& key, const std::string& value) { value_or_throw(try_put(key, value)); }
+
+std::string Pool::get(const std::string& key, std::chrono::milliseconds timeout) {
+  return value_or_throw(try_get(key, timeout));
 }
 
 Gathered::Gathered(std::shared_ptr<const void> owner, std::vector<std::string_view> parts)
@@ -401,19 +429,20 @@ Gathered::Gathered(std::vector<std::string> parts) {
 
 std::vector<std::string> Gathered::strings() const { return std::vector<std::string>(begin(), end()); }
 
-Gathered Pool::all_gather(const std::string& bytes) {
+Result<Gathered> Pool::try_all_gather(const std::string& bytes) {
   // Checked in a pool of one too: a program must not pass alone and fail in a pool.
   const unsigned round = state_->gather_round;
   const std::string name = "gather#" + std::to_string(round);
   const std::string what = "all_gather round " + std::to_string(round);
-  check_frame_size(wire::encoded_size({8, name.size(), bytes.size(), 8}), bytes.size(), what);
+  auto fits = check_frame_size(wire::encoded_size({8, name.size(), bytes.size(), 8}), bytes.size(), what);
+  if (!fits.ok()) return fits.error();
   // Every process's part comes back in one reply to each.
   const auto per_process = wire::kMaxGatheredBytes / static_cast<std::size_t>(size()) - 4;
   if (bytes.size() > per_process) {
-    throw PoolError(invalid_argument(
-        what + ": the payload of " + std::to_string(bytes.size()) + " bytes is over the limit of " +
-        std::to_string(per_process) + " bytes a process for a pool of " + std::to_string(size()) + " (" +
-        mib(wire::kMaxGatheredBytes) + " a round); send large data over a communicator (dew/comm.h)"));
+    return invalid_argument(what + ": the payload of " + std::to_string(bytes.size()) + " bytes is over the limit of " +
+                            std::to_string(per_process) + " bytes a process for a pool of " + std::to_string(size()) +
+                            " (" + mib(wire::kMaxGatheredBytes) +
+                            " a round); send large data over a communicator (dew/comm.h)");
   }
   ++state_->gather_round;
   if (!state_->client) return Gathered(std::vector<std::string>{bytes});
@@ -425,36 +454,46 @@ Gathered Pool::all_gather(const std::string& bytes) {
     auto gathered = state_->pmix->all_gather(bytes, state_->settings.agreement_patience);
     if (!gathered.ok()) {
       if (auto failed = state_->client->failure()) state_->end_for_peer(*failed);
-      throw PoolError(gathered.error());
+      return gathered.error();
     }
     return Gathered(std::move(gathered.value()));
   }
   std::vector<int> missing;
   auto parts = state_->checked(state_->client->gather(name, bytes, state_->settings.agreement_patience, missing));
   if (!missing.empty()) {
-    throw PoolError(
-        timeout_error(what + " ran out of patience after " + seconds_of(state_->settings.agreement_patience) + ": " +
-                      processes_text(missing) + " never arrived"),
-        missing);
+    return Error{ErrorCode::kTimeout,
+                 what + " ran out of patience after " + seconds_of(state_->settings.agreement_patience) + ": " +
+                     processes_text(missing) + " never arrived",
+                 missing};
   }
   state_->last_gather_bytes = 0;
   for (const auto& part : parts) state_->last_gather_bytes += part.size();
   return parts;
 }
 
-void Pool::agree(const std::string& name) { agree(name, state_->settings.agreement_patience); }
+Result<Done> Pool::try_agree(const std::string& name) { return try_agree(name, state_->settings.agreement_patience); }
 
-void Pool::agree(const std::string& name, std::chrono::milliseconds patience) {
+Result<Done> Pool::try_agree(const std::string& name, std::chrono::milliseconds patience) {
   // Checked alone too: a program must not pass alone and fail in a pool.
-  check_frame_size(wire::encoded_size({name.size() + 16, 8}), 0, "agree('" + printable(name) + "')");
-  if (!state_->client) return;
+  auto fits = check_frame_size(wire::encoded_size({name.size() + 16, 8}), 0, "agree('" + printable(name) + "')");
+  if (!fits.ok() || !state_->client) return fits;
   const unsigned round = state_->agreement_rounds[name]++;
   auto missing = state_->checked(state_->client->agree(name + "#" + std::to_string(round), patience));
   if (!missing.empty()) {
-    throw PoolError(timeout_error("agreement '" + name + "' ran out of patience after " + seconds_of(patience) + ": " +
-                                  processes_text(missing) + " never arrived"),
-                    missing);
+    return Error{ErrorCode::kTimeout,
+                 "agreement '" + name + "' ran out of patience after " + seconds_of(patience) + ": " +
+                     processes_text(missing) + " never arrived",
+                 missing};
   }
+  return Done{};
+}
+
+Gathered Pool::all_gather(const std::string& bytes) { return value_or_throw(try_all_gather(bytes)); }
+
+void Pool::agree(const std::string& name) { value_or_throw(try_agree(name)); }
+
+void Pool::agree(const std::string& name, std::chrono::milliseconds patience) {
+  value_or_throw(try_agree(name, patience));
 }
 
 // A failed process never exits 0 (a launcher would count it a success) nor

@@ -22,24 +22,26 @@ std::string munge_context(const Pool::State& state) {
 // it, the others open with it). Checked at once on every process, so a
 // cluster without munged says so everywhere before anyone waits (the others
 // retried connecting to a process 0 that had failed for 300 s).
-void require_munge(const munge_auth::Where& where, const std::string& context) {
+Result<Done> require_munge(const munge_auth::Where& where, const std::string& context) {
   auto probe = munge_auth::seal(where, context, "probe");
   if (!probe.ok()) {
-    throw PoolError(Error{probe.error().code, "DEW_POOL_SECRET is not set and " + probe.error().message +
-                                                  ": run munged (MUNGE), use srun --dew-pool, or export the same "
-                                                  "DEW_POOL_SECRET (64 hex digits) to every process"});
+    return Error{probe.error().code, "DEW_POOL_SECRET is not set and " + probe.error().message +
+                                         ": run munged (MUNGE), use srun --dew-pool, or export the same "
+                                         "DEW_POOL_SECRET (64 hex digits) to every process"};
   }
+  return Done{};
 }
 
 // Process 0 draws the secret and seals it with MUNGE in every challenge; the
 // others open it.
-std::function<Result<std::string>()> seal_with_munge(const Pool::State& state, std::string& secret) {
+Result<std::function<Result<std::string>()>> seal_with_munge(const Pool::State& state, std::string& secret) {
   auto fresh = random_hex(32);
-  if (!fresh.ok()) throw PoolError(fresh.error());
+  if (!fresh.ok()) return fresh.error();
   secret = fresh.value();
   const auto where = munge_auth::where_from_env();
   const std::string context = munge_context(state);
-  return [where, context, secret] { return munge_auth::seal(where, context, secret); };
+  return std::function<Result<std::string>()>(
+      [where, context, secret] { return munge_auth::seal(where, context, secret); });
 }
 
 }  // namespace dew::runtime

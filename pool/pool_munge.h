@@ -12,10 +12,10 @@ namespace dew::runtime {
 
 // "slurm step JOB.STEP" for a pool from Slurm's variables, else "" (no MUNGE).
 std::string munge_context(const Pool::State& state);
-// Throws a PoolError saying what to do when this process's munged cannot
-// seal: checked on every process before it connects.
-void require_munge(const munge_auth::Where& where, const std::string& context);
+// An error saying what to do when this process's munged cannot seal:
+// checked on every process before it connects.
+Result<Done> require_munge(const munge_auth::Where& where, const std::string& context);
 // Process 0: draws `secret` and returns what seals it in each challenge.
-std::function<Result<std::string>()> seal_with_munge(const Pool::State& state, std::string& secret);
+Result<std::function<Result<std::string>()>> seal_with_munge(const Pool::State& state, std::string& secret);
 
 }  // namespace dew::runtime

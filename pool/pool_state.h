@@ -113,7 +113,7 @@ void keep_pmix_for_join_failure(std::unique_ptr<PmixSession> pmix);
 
 // The framework's coordinator (framework_port.cpp): process 0 offers it
 // before the join's last agreement, every other process takes it after.
-void offer_framework_coordinator(Pool::State& state);
-void take_framework_coordinator(Pool::State& state);
+Result<Done> offer_framework_coordinator(Pool::State& state);
+Result<Done> take_framework_coordinator(Pool::State& state);
 
 }  // namespace dew::runtime

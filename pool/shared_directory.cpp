@@ -40,11 +40,11 @@ std::set<std::string> lines_of(const std::string& text) {
 
 }  // namespace
 
-void Pool::require_shared_directory(const std::string& path) {
+Result<Done> Pool::check_shared_directory(const std::string& path) {
   namespace fs = std::filesystem;
   // Step 1: everybody writes a token (or says why it could not).
   auto random = random_hex(8);
-  if (!random.ok()) throw PoolError(random.error());
+  if (!random.ok()) return random.error();
   const std::string token = ".dew-shared-" + std::to_string(rank()) + "-" + random.value();
   const fs::path mine = fs::path(path) / token;
   std::string report = "ok:" + token;
@@ -53,40 +53,53 @@ void Pool::require_shared_directory(const std::string& path) {
     out << token;
     if (!out) report = "error:cannot write " + mine.string() + ": " + std::strerror(errno);
   }
-  const auto tokens = all_gather(report);
+  auto gathered = try_all_gather(report);
+  std::error_code ignored;
+  if (!gathered.ok()) {
+    fs::remove(mine, ignored);
+    return gathered.error();
+  }
+  const Gathered& tokens = gathered.value();
   std::vector<std::string> problems;
   for (std::size_t r = 0; r < tokens.size(); ++r) {
     if (tokens[r].rfind("error:", 0) == 0)
       problems.push_back("process " + std::to_string(r) + ": " + std::string(tokens[r].substr(6)));
   }
-  std::error_code ignored;
   if (!problems.empty()) {
     fs::remove(mine, ignored);
-    throw PoolError(
-        invalid_argument("directory '" + path + "' is not usable by every process: " + dew::join(problems, "; ")));
+    return invalid_argument("directory '" + path + "' is not usable by every process: " + dew::join(problems, "; "));
   }
   // Step 2: everybody says whose tokens it sees.
   std::vector<int> seen;
   for (std::size_t r = 0; r < tokens.size(); ++r) {
     if (fs::exists(fs::path(path) / tokens[r].substr(3))) seen.push_back(static_cast<int>(r));
   }
-  const auto views = all_gather(dew::join(seen, ","));
-  agree("dew.shared-directory");
+  auto views = try_all_gather(dew::join(seen, ","));
+  auto agreed = views.ok() ? try_agree("dew.shared-directory") : Result<Done>(views.error());
   fs::remove(mine, ignored);
+  if (!agreed.ok()) return agreed;
   // "processes 0,1 see the tokens of processes 0,1; process 2 sees process 2's"
-  const auto groups = group_by(views);
-  if (groups.size() == 1 && groups.begin()->first == dew::join(everyone(size()), ",")) return;
+  const auto groups = group_by(views.value());
+  if (groups.size() == 1 && groups.begin()->first == dew::join(everyone(size()), ",")) return Done{};
   std::vector<std::string> text;
   for (const auto& [view, who] : groups) {
     text.push_back(processes_text(who) + (who.size() == 1 ? " sees" : " see") + " the tokens of " +
                    (view.empty() ? "no process" : "processes " + view));
   }
-  throw PoolError(invalid_argument("directory '" + path + "' is not one directory shared by all " +
-                                   std::to_string(size()) + " processes: " + dew::join(text, "; ")));
+  return invalid_argument("directory '" + path + "' is not one directory shared by all " + std::to_string(size()) +
+                          " processes: " + dew::join(text, "; "));
 }
 
+void Pool::require_shared_directory(const std::string& path) { value_or_throw(check_shared_directory(path)); }
+
 std::optional<std::string> Pool::compile_cache_key(const std::string& fingerprint) {
-  const auto fingerprints = all_gather(fingerprint);
+  return value_or_throw(try_compile_cache_key(fingerprint));
+}
+
+Result<std::optional<std::string>> Pool::try_compile_cache_key(const std::string& fingerprint) {
+  auto gathered = try_all_gather(fingerprint);
+  if (!gathered.ok()) return gathered.error();
+  const Gathered& fingerprints = gathered.value();
   const auto groups = group_by(fingerprints);
   if (groups.size() == 1) {
     crypto_generichash_state hash;
@@ -97,7 +110,7 @@ std::optional<std::string> Pool::compile_cache_key(const std::string& fingerprin
     }
     unsigned char digest[32];
     crypto_generichash_final(&hash, digest, sizeof digest);
-    return to_hex(digest);
+    return std::optional<std::string>(to_hex(digest));
   }
   // Name the lines that differ from process 0's fingerprint, per group.
   const auto reference = lines_of(std::string(fingerprints[0]));
@@ -118,7 +131,7 @@ std::optional<std::string> Pool::compile_cache_key(const std::string& fingerprin
                    " against process 0's " + (ours.empty() ? "no line of its own" : dew::join(ours, ", ")));
   }
   log_warn("compile cache off: the processes do not compile for the same accelerators: " + dew::join(text, "; "));
-  return std::nullopt;
+  return std::optional<std::string>();
 }
 
 }  // namespace dew::runtime

@@ -36,15 +36,15 @@ std::uint64_t pace_window(double interval_seconds) {
 }
 
 // DEW_PACE_SECONDS: the window of the slow-process report, 60 s unless set.
-double pace_interval_from_env() {
+Result<double> pace_interval_from_env() {
   const char* text = std::getenv(contract::kPaceSeconds.name);
-  if (!text) return 60;
+  if (!text) return 60.0;
   const auto seconds = parse_whole<unsigned>(text);
   if (!seconds || *seconds < 1) {
-    throw PoolError(invalid_argument("DEW_PACE_SECONDS='" + printable(text) +
-                                     "' is not allowed; allowed: a whole number of seconds, 1 or more (default 60)"));
+    return invalid_argument("DEW_PACE_SECONDS='" + printable(text) +
+                            "' is not allowed; allowed: a whole number of seconds, 1 or more (default 60)");
   }
-  return *seconds;
+  return double(*seconds);
 }
 
 }  // namespace
@@ -109,18 +109,40 @@ void StepWatchdog::State::run() {
   }
 }
 
-StepWatchdog::StepWatchdog(std::optional<std::chrono::milliseconds> bound) : state_(std::make_unique<State>()) {
-  if (bound) {
-    state_->bound = bound;
-  } else {
+struct StepWatchdog::Choice {
+  std::optional<std::chrono::milliseconds> bound;  // nullopt: "off"
+  double pace_interval = 60;
+};
+
+Result<StepWatchdog::Choice> StepWatchdog::choose(std::optional<std::chrono::milliseconds> bound) {
+  Choice choice{bound};
+  if (!bound) {
     const char* text = std::getenv(contract::kWatchdog.name);
     auto parsed = chosen_watchdog("", "", text ? std::optional<std::string>(text) : std::nullopt);
-    if (!parsed.ok()) throw PoolError(parsed.error());
-    if (parsed.value()) state_->bound = std::chrono::duration_cast<std::chrono::milliseconds>(*parsed.value());
+    if (!parsed.ok()) return parsed.error();
+    if (parsed.value()) choice.bound = std::chrono::duration_cast<std::chrono::milliseconds>(*parsed.value());
   }
+  if (!choice.bound) return choice;
+  auto pace = pace_interval_from_env();
+  if (!pace.ok()) return pace.error();
+  choice.pace_interval = pace.value();
+  return choice;
+}
+
+Result<std::unique_ptr<StepWatchdog>> StepWatchdog::create(std::optional<std::chrono::milliseconds> bound) {
+  auto choice = choose(bound);
+  if (!choice.ok()) return choice.error();
+  return std::unique_ptr<StepWatchdog>(new StepWatchdog(choice.value()));
+}
+
+StepWatchdog::StepWatchdog(std::optional<std::chrono::milliseconds> bound)
+    : StepWatchdog(value_or_throw(choose(bound))) {}
+
+StepWatchdog::StepWatchdog(const Choice& choice) : state_(std::make_unique<State>()) {
+  state_->bound = choice.bound;
   if (!state_->bound) return;  // "off"
   State* s = state_.get();
-  s->pace_interval = pace_interval_from_env();
+  s->pace_interval = choice.pace_interval;
   s->sample_every = std::clamp(std::chrono::milliseconds(static_cast<long long>(s->pace_interval * 1000 / 20)),
                                std::chrono::milliseconds(200), std::chrono::milliseconds(1000));
   s->next_sample = Clock::now() + s->sample_every;

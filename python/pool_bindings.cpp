@@ -151,12 +151,12 @@ runtime::Pool& prepare_process(std::optional<bool> multi_host, std::optional<dou
   options.failure_grace_fallback = std::chrono::milliseconds(1);
   add_xla_watchdog();
   take_the_warning_from_now();
-  try {
-    pool = std::make_unique<runtime::Pool>(interruptible<runtime::Pool>([options] { return runtime::join(options); }));
-  } catch (const runtime::PoolError& e) {
-    install_join_failure_hook(e.what());
-    throw_pool_error(e.code(), e.what());
+  auto joined = interruptible<Result<runtime::Pool>>([options] { return runtime::try_join(options); });
+  if (!joined.ok()) {
+    install_join_failure_hook(joined.error().message);
+    throw_pool_error(joined.error().code, joined.error().message);
   }
+  pool = std::make_unique<runtime::Pool>(std::move(joined.value()));
   // torchrun's variables and JAX_COORDINATOR_ADDRESS, as the pool agreed
   // them: an unmodified init_process_group("gloo") or
   // jax.distributed.initialize() finds its rendezvous under any launcher.
@@ -170,16 +170,15 @@ runtime::Pool& prepare_process(std::optional<bool> multi_host, std::optional<dou
   return *pool;
 }
 
-// Calls a pool method, turning PoolError into dew.PoolError.
+// Calls a pool method, turning its Error into dew.PoolError.
 template <typename T>
-T guarded(std::function<T()> work) {
+T guarded(std::function<Result<T>()> work) {
   return interruptible<T>([work]() -> T {
-    try {
-      return work();
-    } catch (const runtime::PoolError& e) {
-      // Carried back to the calling thread, which holds the GIL.
-      throw PendingPoolError{e.code(), e.what(), e.late_ranks()};
-    }
+    auto result = work();
+    // Carried back to the calling thread, which holds the GIL.
+    if (!result.ok())
+      throw PendingPoolError{result.error().code, result.error().message, result.error().late_processes};
+    return std::move(result.value());
   });
 }
 
@@ -219,11 +218,9 @@ std::unique_ptr<runtime::StepWatchdog> make_step_watchdog(std::optional<double> 
     }
     bound = millis_of(*seconds, "seconds");
   }
-  try {
-    return std::make_unique<runtime::StepWatchdog>(bound);
-  } catch (const runtime::PoolError& e) {  // a bad DEW_WATCHDOG
-    throw py::value_error(e.what());
-  }
+  auto watchdog = runtime::StepWatchdog::create(bound);
+  if (!watchdog.ok()) throw py::value_error(watchdog.error().message);  // a bad DEW_WATCHDOG
+  return std::move(watchdog.value());
 }
 
 void bind_step_watchdog(py::module_& m) {
@@ -271,10 +268,7 @@ void bind_pool(py::module_& m) {
           "agree",
           [](runtime::Pool& p, const std::string& name, std::optional<double> patience) {
             const auto wait = patience ? std::optional(millis_of(*patience, "patience")) : std::nullopt;
-            guarded<int>([&p, name, wait] {
-              wait ? p.agree(name, *wait) : p.agree(name);
-              return 0;
-            });
+            guarded<Done>([&p, name, wait] { return wait ? p.try_agree(name, *wait) : p.try_agree(name); });
           },
           py::arg("name"), py::arg("patience") = py::none(),
           "Returns when every process has called agree(name) as often; raises dew.PoolError naming the missing "
@@ -283,7 +277,7 @@ void bind_pool(py::module_& m) {
           "all_gather",
           [](runtime::Pool& p, const py::bytes& data) {
             const std::string mine = data;
-            auto all = guarded<runtime::Gathered>([&p, mine] { return p.all_gather(mine); });
+            auto all = guarded<runtime::Gathered>([&p, mine] { return p.try_all_gather(mine); });
             py::list out;
             for (const auto part : all) out.append(py::bytes(part.data(), part.size()));
             return out;
@@ -294,7 +288,7 @@ void bind_pool(py::module_& m) {
           [](runtime::Pool& p) {
             arm_stop_request();
             const char mine = static_cast<char>(stop_signal_seen() != 0);
-            auto all = guarded<runtime::Gathered>([&p, mine] { return p.all_gather(std::string(1, mine)); });
+            auto all = guarded<runtime::Gathered>([&p, mine] { return p.try_all_gather(std::string(1, mine)); });
             for (std::size_t rank = 0; rank < all.size(); ++rank) {
               if (all[rank] == std::string_view("\1", 1)) {
                 log_info("stopping at this stop_requested(), with every process: process " + std::to_string(rank) +
@@ -316,33 +310,27 @@ void bind_pool(py::module_& m) {
           "put",
           [](runtime::Pool& p, const std::string& key, const py::bytes& value) {
             const std::string v = value;
-            guarded<int>([&p, key, v] {
-              p.put(key, v);
-              return 0;
-            });
+            guarded<Done>([&p, key, v] { return p.try_put(key, v); });
           },
           py::arg("key"), py::arg("value"), "Publishes value under key to every later get().")
       .def(
           "get",
           [](runtime::Pool& p, const std::string& key, double timeout) {
             const auto wait = millis_of(timeout, "timeout");
-            return py::bytes(guarded<std::string>([&p, key, wait] { return p.get(key, wait); }));
+            return py::bytes(guarded<std::string>([&p, key, wait] { return p.try_get(key, wait); }));
           },
           py::arg("key"), py::arg("timeout"), "The value under key, waiting up to timeout seconds.")
       .def(
           "require_shared_directory",
           [](runtime::Pool& p, const std::string& path) {
-            guarded<int>([&p, path] {
-              p.require_shared_directory(path);
-              return 0;
-            });
+            guarded<Done>([&p, path] { return p.check_shared_directory(path); });
           },
           py::arg("path"), "Raises dew.PoolError naming who sees what when path is not one shared directory.")
       .def(
           "compile_cache_key",
           [](runtime::Pool& p) {
             return guarded<std::optional<std::string>>(
-                [&p] { return p.compile_cache_key(topology::accelerator_fingerprint()); });
+                [&p] { return p.try_compile_cache_key(topology::accelerator_fingerprint()); });
           },
           "A hash of every process's accelerator fingerprint, or None (with a line naming who differs).")
       .def(

@@ -78,10 +78,8 @@ Result<std::optional<Checkpoint>> prepare_checkpoints(runtime::Pool& pool, const
     if (!taken.ok()) pool.fail("--checkpoint-dir: " + taken.error().message, 1);
     lock.emplace(std::move(taken.value()));
   }
-  try {
-    pool.require_shared_directory(o.checkpoint_dir);
-  } catch (const runtime::PoolError& e) {
-    return Error{e.code(), std::string("--checkpoint-dir: ") + e.what()};
+  if (auto shared = pool.check_shared_directory(o.checkpoint_dir); !shared.ok()) {
+    return shared.error().prefixed("--checkpoint-dir: ");
   }
   if (o.resume == Resume::kNo) return std::optional<Checkpoint>();
   if (o.resume == Resume::kIfAny && !has_checkpoint(pool, o.checkpoint_dir)) return std::optional<Checkpoint>();

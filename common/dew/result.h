@@ -7,6 +7,7 @@
 #include <string_view>
 #include <utility>
 #include <variant>
+#include <vector>
 
 namespace dew {
 
@@ -53,9 +54,15 @@ constexpr std::string_view error_code_name(ErrorCode code) {
 struct Error {
   ErrorCode code = ErrorCode::kInternal;
   std::string message;
+  // For a pool's agreement or gather whose patience ran out (kTimeout): the
+  // processes that never arrived, which a caller may end the pool for
+  // (runtime::Pool::fail_for_late). Empty for every other error.
+  std::vector<int> late_processes = {};
 
   // The same kind with context in front: "SLURM_STEP_NODELIST: " + message.
-  [[nodiscard]] Error prefixed(std::string_view context) const { return {code, std::string(context) + message}; }
+  [[nodiscard]] Error prefixed(std::string_view context) const {
+    return {code, std::string(context) + message, late_processes};
+  }
 };
 
 inline Error invalid_argument(std::string message) { return {ErrorCode::kInvalidArgument, std::move(message)}; }

@@ -9,9 +9,11 @@
 // fatal signal) prints its error once, publishes it and exits at once; its
 // peers end with kPeerFailedExitCode (dew/exit_status.h) and a line naming
 // it. Errors a caller may handle (a get that timed out, an agreement whose
-// patience ran out, a directory that is not shared) are thrown as PoolError,
-// which carries an ErrorCode (kTimeout, kInvalidArgument, ...); left uncaught
-// they fail the process, and so the pool.
+// patience ran out, a directory that is not shared) are returned as a
+// Result's Error by the try_ calls (try_join, try_get, try_agree, ...),
+// which carries an ErrorCode (kTimeout, kInvalidArgument, ...). The calls
+// without try_ are the same with the Error thrown as PoolError: left
+// uncaught, it fails the process, and so the pool (fail fast).
 #pragma once
 
 #include <chrono>
@@ -150,21 +152,28 @@ class Gathered {
   std::vector<std::string_view> parts_;
 };
 
-// What the pool's calls throw: the Error's line as what(), and its code.
+// What the pool's throwing calls throw: the Error's line as what(), and its code.
 class PoolError : public std::runtime_error {
  public:
-  explicit PoolError(const Error& error, std::vector<int> late_ranks = {})
-      : std::runtime_error(error.message), code_(error.code), late_ranks_(std::move(late_ranks)) {}
-  ErrorCode code() const { return code_; }
+  explicit PoolError(Error error) : std::runtime_error(error.message), error_(std::move(error)) {}
+  ErrorCode code() const { return error_.code; }
+  const Error& error() const { return error_; }
   // For an agreement or gather that ran out of patience: the processes that
-  // never arrived. Left uncaught, the pool fails because of them: every
-  // process ends as their peer (kPeerFailedExitCode), naming the first.
-  const std::vector<int>& late_ranks() const { return late_ranks_; }
+  // never arrived (Error::late_processes). Left uncaught, the pool fails
+  // because of them: every process ends as their peer (kPeerFailedExitCode),
+  // naming the first.
+  const std::vector<int>& late_ranks() const { return error_.late_processes; }
 
  private:
-  ErrorCode code_;
-  std::vector<int> late_ranks_;
+  Error error_;
 };
+
+// The throwing convenience: the value, or the Error thrown as PoolError.
+template <typename T>
+T value_or_throw(Result<T> result) {
+  if (!result.ok()) throw PoolError(result.error());
+  return std::move(result.value());
+}
 
 // Why `secret` cannot be a pool's DEW_POOL_SECRET (one line naming its
 // length and what is allowed: 64 hex digits, as srun --dew-pool and dew
@@ -199,14 +208,22 @@ class Pool {
   // initializes torch.distributed or jax.distributed.
   std::vector<std::pair<std::string, std::string>> framework_variables() const;
 
-  // Key-value: put is visible to every later get; get waits up to timeout.
+  // Key-value: put is visible to every later get; get waits up to timeout
+  // (kTimeout when no process put the key by then). A key or value over the
+  // coordination service's frame limit is refused (kInvalidArgument).
+  Result<Done> try_put(const std::string& key, const std::string& value);
+  Result<std::string> try_get(const std::string& key, std::chrono::milliseconds timeout);
+  // Everybody's bytes in rank order.
+  Result<Gathered> try_all_gather(const std::string& bytes);
+  // A named agreement: returns when every process has called agree(name) as
+  // many times as this one; kTimeout naming the missing processes (and
+  // listing them in Error::late_processes) when the patience runs out.
+  Result<Done> try_agree(const std::string& name);
+  Result<Done> try_agree(const std::string& name, std::chrono::milliseconds patience);
+  // The same, throwing the Error as PoolError.
   void put(const std::string& key, const std::string& value);
   std::string get(const std::string& key, std::chrono::milliseconds timeout);
-  // Everybody's bytes in rank order.
   Gathered all_gather(const std::string& bytes);
-  // A named agreement: returns when every process has called agree(name) as
-  // many times as this one. Throws PoolError naming the missing processes
-  // when the patience runs out.
   void agree(const std::string& name);
   void agree(const std::string& name, std::chrono::milliseconds patience);
 
@@ -223,14 +240,16 @@ class Pool {
   // PoolError does in C++, and this process ends as a peer.
   [[noreturn]] void fail_for_late(const std::vector<int>& late, const std::string& error);
 
-  // Every process writes a token into `path` and reads everybody's: throws
-  // PoolError naming who sees what when the directory is not one shared
-  // directory.
+  // Every process writes a token into `path` and reads everybody's:
+  // kInvalidArgument naming who sees what when the directory is not one
+  // shared directory. require_ throws it as PoolError.
+  Result<Done> check_shared_directory(const std::string& path);
   void require_shared_directory(const std::string& path);
   // Hash of every process's accelerator fingerprint (this process's is
   // `fingerprint`, for example topology::accelerator_fingerprint()), or
   // nullopt (and a log line naming the processes that differ) when they are
-  // not all equal.
+  // not all equal. compile_cache_key throws the gather's Error as PoolError.
+  Result<std::optional<std::string>> try_compile_cache_key(const std::string& fingerprint);
   std::optional<std::string> compile_cache_key(const std::string& fingerprint);
 
   // This process is being stopped by `signal_number` from outside the pool
@@ -263,15 +282,20 @@ class Pool {
 
  private:
   explicit Pool(std::unique_ptr<State> state);
-  friend Pool join(JoinOptions options);
+  friend Result<Pool> try_join(JoinOptions options);
   std::unique_ptr<State> state_;
 };
 
 // Joins the pool this process belongs to (see PoolSource), logging one line
 // such as "[1] Joined the pool: process 1 of 4 (slurm, tcp)". From then on
 // every line of the process's logger (dew/log.h) starts with "[rank] "
-// unless DEW_LINES_PREFIXED=1. Throws PoolError on contradictory variables
+// unless DEW_LINES_PREFIXED=1. Fails on contradictory variables
 // (kInvalidArgument) or when peers never come (kTimeout, kUnavailable).
+// A process joins once: a second call is refused (kInvalidArgument).
+Result<Pool> try_join(JoinOptions options = {});
+// The same, throwing the Error as PoolError; left uncaught, that is one line
+// and kJoinFailedExitCode (and under PMIx the step's abort), not
+// std::terminate's abort.
 Pool join(JoinOptions options = {});
 
 // What a process runs before it ends for its own failure or a peer's (not
@@ -316,7 +340,10 @@ void note_exit_under_way();
 // known to wait (every step is just slow), each process names itself.
 class StepWatchdog {
  public:
+  // Throws a DEW_WATCHDOG or DEW_PACE_SECONDS it cannot read as PoolError
+  // (kInvalidArgument); create() returns it as the Error.
   explicit StepWatchdog(std::optional<std::chrono::milliseconds> bound = std::nullopt);
+  static Result<std::unique_ptr<StepWatchdog>> create(std::optional<std::chrono::milliseconds> bound = std::nullopt);
   ~StepWatchdog();
   StepWatchdog(const StepWatchdog&) = delete;
   StepWatchdog& operator=(const StepWatchdog&) = delete;
@@ -339,6 +366,9 @@ class StepWatchdog {
   std::optional<std::chrono::milliseconds> bound() const;
 
  private:
+  struct Choice;  // the bound and the pace window, read and checked
+  static Result<Choice> choose(std::optional<std::chrono::milliseconds> bound);
+  explicit StepWatchdog(const Choice& choice);
   struct State;
   std::unique_ptr<State> state_;
 };

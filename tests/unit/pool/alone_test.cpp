@@ -75,6 +75,54 @@ TEST(PoolOfOne, GetWaitsForAnotherThreadsPutAndTimesOutNamingTheKey) {
   const auto all = pool.all_gather("mine");
   ASSERT_EQ(all.size(), 1u);
   EXPECT_EQ(all[0], "mine");
+
+  // The same calls without exceptions: each error is a Result's, with its
+  // code, and the pool goes on (issue 39: the pool was the one library that
+  // threw, with a catch-and-convert around it at every caller).
+  auto missing = pool.try_get("never-put", 50ms);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.error().code, dew::ErrorCode::kTimeout);
+  EXPECT_THAT(missing.error().message, HasSubstr("get('never-put'): no process put it within"));
+  auto too_big = pool.try_put("big", std::string((64 << 20) + 1, 'v'));
+  ASSERT_FALSE(too_big.ok());
+  EXPECT_EQ(too_big.error().code, dew::ErrorCode::kInvalidArgument);
+  auto long_name = pool.try_agree(std::string(64 << 20, 'n'));
+  ASSERT_FALSE(long_name.ok());
+  EXPECT_EQ(long_name.error().code, dew::ErrorCode::kInvalidArgument);
+  ASSERT_TRUE(pool.try_put("k", "v").ok());
+  auto got = pool.try_get("k", 1s);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got.value(), "v");
+  auto gathered = pool.try_all_gather("again");
+  ASSERT_TRUE(gathered.ok());
+  EXPECT_EQ(gathered.value()[0], "again");
+  EXPECT_TRUE(pool.try_agree("after-results").ok());
+  auto not_there = pool.check_shared_directory("/nonexistent-dew-directory/below");
+  ASSERT_FALSE(not_there.ok());
+  EXPECT_EQ(not_there.error().code, dew::ErrorCode::kInvalidArgument);
+  EXPECT_THAT(not_there.error().message, HasSubstr("directory '/nonexistent-dew-directory/below' is not usable"));
+  auto key = pool.try_compile_cache_key("platform=cpu\n");
+  ASSERT_TRUE(key.ok());
+  EXPECT_TRUE(key.value().has_value());
+
+  // A process joins one pool: the second join is refused as a value.
+  auto twice = dew::runtime::try_join(options);
+  ASSERT_FALSE(twice.ok());
+  EXPECT_EQ(twice.error().code, dew::ErrorCode::kInvalidArgument);
+  EXPECT_THAT(twice.error().message, HasSubstr("join() was called twice"));
+}
+
+TEST(StepWatchdogCreate, AnUnreadableWatchdogIsAnErrorNotAnException) {
+  ::setenv("DEW_WATCHDOG", "forever", 1);
+  auto watchdog = dew::runtime::StepWatchdog::create();
+  EXPECT_THROW(dew::runtime::StepWatchdog(std::nullopt), dew::runtime::PoolError);  // the throwing convenience
+  ::unsetenv("DEW_WATCHDOG");
+  ASSERT_FALSE(watchdog.ok());
+  EXPECT_EQ(watchdog.error().code, dew::ErrorCode::kInvalidArgument);
+  EXPECT_THAT(watchdog.error().message, HasSubstr("forever"));
+  auto fine = dew::runtime::StepWatchdog::create(std::chrono::milliseconds(60000));
+  ASSERT_TRUE(fine.ok());
+  EXPECT_EQ(fine.value()->bound(), std::chrono::milliseconds(60000));
 }
 
 }  // namespace
