@@ -507,6 +507,19 @@ bool Pool::ending() const {
   return s.failing.load() || s.ending.load() || (s.client && s.client->failure().has_value());
 }
 
+bool Pool::wait_until_ending(std::chrono::milliseconds bound) {
+  const auto until = Clock::now() + bound;
+  std::unique_lock lock(state_->mutex);
+  // The client's word of a failure notifies `changed`; this process's own
+  // failing or ending (set elsewhere without it) is seen within a slice.
+  while (!ending()) {
+    const auto now = Clock::now();
+    if (now >= until) return false;
+    state_->changed.wait_until(lock, std::min(until, now + std::chrono::milliseconds(50)));
+  }
+  return true;
+}
+
 void Pool::fail_for_late(const std::vector<int>& late, const std::string& error) { state_->fail_for_late(late, error); }
 
 void Pool::leave() {

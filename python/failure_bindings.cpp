@@ -299,11 +299,7 @@ bool raised_inside_collective(py::handle tb) {
 // failure; true when it came.
 bool peer_failure_heard_within(runtime::Pool& pool, std::chrono::milliseconds grace) {
   py::gil_scoped_release unlocked;
-  const auto until = std::chrono::steady_clock::now() + grace;
-  while (!pool.ending() && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return pool.ending();
+  return pool.wait_until_ending(grace);
 }
 
 void install_fast_failure(runtime::Pool& pool) {

@@ -93,7 +93,7 @@ Result<std::optional<Checkpoint>> prepare_checkpoints(runtime::Pool& pool, const
     if (verdicts[r].empty()) continue;
     const std::string verdict(verdicts[r]);
     if (int(r) == pool.rank()) pool.fail(verdict, 1);
-    std::this_thread::sleep_for(timings::kPeerNoticeGrace);
+    pool.wait_until_ending(timings::kPeerNoticeGrace);  // its word ends this process as its peer
     return peer_failed("process " + std::to_string(r) + " refused the checkpoint: " + verdict);
   }
   if (pool.rank() == 0) {
@@ -199,7 +199,7 @@ Result<WorkerReport> train_process(runtime::Pool& pool, const mesh::Mesh& layout
       // bad value) is published at once: the culprit speaks first.
       if (!results[std::size_t(d)].ok()) {
         const Error& error = results[std::size_t(d)].error();
-        if (!local_only && may_be_a_peers_failure(error)) std::this_thread::sleep_for(timings::kPeerNoticeGrace);
+        if (!local_only && may_be_a_peers_failure(error)) pool.wait_until_ending(timings::kPeerNoticeGrace);
         pool.fail("device " + std::to_string(first_device + d) + ": " + error.message);
       }
     });

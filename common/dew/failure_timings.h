@@ -59,9 +59,12 @@ inline constexpr std::chrono::milliseconds kAnnouncedExitBound = 250ms;
 // word (its exit code 124) before naming it for it.
 inline constexpr std::chrono::milliseconds kStallReportWait = 2s;
 inline constexpr std::chrono::milliseconds kStallWordWait = 2s;
-// A device whose collective broke waits this long for the pool's word of the
-// peer that failed before failing the pool itself (the rehearsal, train/):
-// the peer that caused it is named, not the device that noticed.
+// A device whose collective broke waits for the pool's word of the peer that
+// failed before failing the pool itself (the rehearsal, train/; Python's
+// excepthook for an error raised inside a collective): the peer that caused
+// it is named, not the device that noticed. The wait ends the moment the word
+// comes (Pool::wait_until_ending); this bounds it when no word comes, i.e.
+// when the broken collective was this process's own failure after all.
 inline constexpr std::chrono::milliseconds kPeerNoticeGrace = 2s;
 
 // A process that ends for its own failure or a peer's gives the program's own
@@ -85,7 +88,9 @@ inline constexpr std::chrono::milliseconds kSrunStepKillAfter = kStepKillGrace +
 // and then pauses this long before it ends the step: slurmstepd's I/O
 // thread forwards the line to srun, and the step's end tears that I/O down;
 // Slurm gives no acknowledgement of a forwarded line. Without the pause 4
-// lines in 10 were lost; with 100 ms none in 30.
+// lines in 10 were lost; with 100 ms none in 30. A bound, not an order, and
+// the fallback only: the usual way, the notice to srun's verdict listener,
+// is acknowledged by srun before the node ends the step.
 inline constexpr std::chrono::milliseconds kNodeLinePause = 100ms;
 // A node that saw only peers' exit 75 waits this long for the failing rank's
 // own exit to end the step (and name it) before ending the step itself (a

@@ -231,6 +231,11 @@ class Pool {
   // itself: an error it meets now (a collective whose peer is gone) is a
   // consequence of the pool's ending, not a failure of its own.
   bool ending() const;
+  // Waits until ending() is true, at most `bound`: true if it is. For an
+  // error that may be the consequence of a peer's failure (a collective
+  // whose peer is gone): the pool's word of that peer, which names it, is
+  // waited for, not slept through (timings::kPeerNoticeGrace).
+  bool wait_until_ending(std::chrono::milliseconds bound);
 
   // Prints the error once, publishes it to every peer and exits with
   // exit_code at once.

@@ -69,6 +69,23 @@ TEST(LocalPool, FailExitsWithItsOwnCodeAndPeersWithTheDocumentedOne) {
   EXPECT_THAT(pool.ranks[0]->err(), HasSubstr("[0] ending: process 1 failed: data loader raised on rank 1"));
 }
 
+// A device's broken collective waits for the pool's word of the peer that
+// failed (Pool::wait_until_ending), not a fixed 2 s sleep: the wait ends when
+// the word comes. The processes here hear it inside their wait (their grace
+// keeps them alive until their next pool call), about 0.5 s in.
+TEST(LocalPool, WaitingForThePoolsWordEndsWhenItComesNotAfterTheBound) {
+  LocalPool pool(3, {"wait-ending", "2"});
+  EXPECT_EQ(pool.wait_all(30s), std::vector<int>({75, 75, 3})) << pool.describe();
+  for (int r : {0, 1}) {
+    const std::string out = pool.ranks[static_cast<std::size_t>(r)]->out();
+    const auto at = out.find("ENDING heard=1 after=");
+    ASSERT_NE(at, std::string::npos) << pool.describe();
+    const int after = std::stoi(out.substr(at + std::string("ENDING heard=1 after=").size()));
+    EXPECT_GE(after, 300) << pool.describe();   // it waited for the word...
+    EXPECT_LT(after, 5000) << pool.describe();  // ...not for the 10 s bound
+  }
+}
+
 // A stop is told from a failure by its frame's kind, not its words: a
 // failure whose message begins as a stop's does ("stopped by ...") is still
 // a failure to every peer (it was once said as a stop, at info level).

@@ -6,6 +6,9 @@
 //   pool_worker fail R CODE         rank R calls pool.fail(..., CODE) at step 3
 //   pool_worker fail R CODE MESSAGE rank R calls pool.fail(MESSAGE, CODE) at step 3
 //   pool_worker crash R             rank R gets SIGSEGV at step 3
+//   pool_worker wait-ending R       rank R fails 0.5 s after an agreement; the
+//                                   others wait_until_ending(10 s) and print
+//                                   ENDING heard=B after=MS
 //   pool_worker steps               steps of agree("step") until killed
 //   pool_worker stall R SECONDS     rank R sleeps before agree("checkpoint"), patience 2 s
 //   pool_worker hold SECONDS        join, print READY, sleep, then exchange
@@ -231,6 +234,18 @@ int main(int argc, char** argv) {
       failing_now();
       pool.fail("data loader raised on rank " + std::to_string(pool.rank()), arg(3));
     });
+  }
+  if (scenario == "wait-ending") {
+    pool.agree("ready");
+    if (pool.rank() == arg(2)) {
+      std::this_thread::sleep_for(500ms);
+      pool.fail("failed while its peers waited", 3);
+    }
+    const auto asked = std::chrono::steady_clock::now();
+    const bool heard = pool.wait_until_ending(10s);
+    const auto after = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - asked);
+    line("ENDING heard=" + std::to_string(heard) + " after=" + std::to_string(after.count()));
+    pool.agree("after");  // ends this process as the failed one's peer
   }
   if (scenario == "crash") {
     // A real SIGSEGV, sent rather than caused: UBSan would stop a null store
