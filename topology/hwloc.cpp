@@ -2,17 +2,11 @@
 // that includes <hwloc.h>: it turns hwloc's object tree into a Draft (where
 // each GPU sits, its NVLink bundles) and leaves every rule to
 // topology_build.cpp.
-#include <fcntl.h>
 #include <hwloc.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -287,71 +281,6 @@ Result<TopologyPtr> new_topology(const std::string& what) {
   return topology;
 }
 
-// hwloc trusts an XML file's attributes: a well-formed file with one missing
-// (an object with a cpuset but no complete_cpuset) crashes hwloc 2.9 inside
-// hwloc_topology_load. So a child process reads the file first, and only a
-// file the child survives is read here. The child runs nothing but hwloc,
-// so a fault in Dew's own code still shows in this process (and to the
-// fuzzer) instead of passing for a bad file.
-std::optional<Error> hwloc_survives(const std::string& buffer, const std::string& label) {
-  constexpr int kPatienceMs = 60'000;
-  // The child holds the pipe's write end until it exits: the parent's poll
-  // wakes the moment it does, and gives up after kPatienceMs.
-  int ends[2];
-  if (pipe2(ends, O_CLOEXEC) != 0) {
-    return system_error(label + ": cannot start the process that checks it: " + std::strerror(errno));
-  }
-  const pid_t child = fork();
-  if (child < 0) {
-    close(ends[0]);
-    close(ends[1]);
-    return system_error(label + ": cannot start the process that checks it: " + std::strerror(errno));
-  }
-  if (child == 0) {
-    close(ends[0]);
-    // Die of the signal, so the parent can tell; no sanitizer or fuzzer report.
-    for (int signal : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) std::signal(signal, SIG_DFL);
-    hwloc_topology_t topology = nullptr;
-    if (hwloc_topology_init(&topology) == 0) {
-      hwloc_topology_set_io_types_filter(topology, HWLOC_TYPE_FILTER_KEEP_ALL);
-      if (hwloc_topology_set_xmlbuffer(topology, buffer.c_str(), static_cast<int>(buffer.size() + 1)) == 0 &&
-          hwloc_topology_load(topology) == 0) {
-        unsigned count = 0;
-        if (hwloc_distances_get_by_name(topology, "NVLinkBandwidth", &count, nullptr, 0) == 0 && count > 0) {
-          std::vector<hwloc_distances_s*> matrices(count, nullptr);
-          if (hwloc_distances_get_by_name(topology, "NVLinkBandwidth", &count, matrices.data(), 0) == 0) {
-            for (hwloc_distances_s* matrix : matrices) {
-              if (matrix != nullptr) hwloc_distances_release(topology, matrix);
-            }
-          }
-        }
-      }
-    }
-    _exit(0);
-  }
-  close(ends[1]);
-  pollfd done{ends[0], POLLIN, 0};
-  int ready = 0;
-  do {
-    ready = poll(&done, 1, kPatienceMs);
-  } while (ready < 0 && errno == EINTR);
-  close(ends[0]);
-  int status = 0;
-  if (ready == 0) kill(child, SIGKILL);
-  while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (ready == 0) return timeout_error(label + ": hwloc did not finish reading it within 60 s");
-  if (WIFSIGNALED(status)) {
-    return invalid_argument(label + ": hwloc crashed reading it (" + strsignal(WTERMSIG(status)) +
-                            "): an element or attribute it needs is missing or inconsistent");
-  }
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    return invalid_argument(label + ": hwloc failed reading it (exit status " + std::to_string(WEXITSTATUS(status)) +
-                            ")");
-  }
-  return std::nullopt;
-}
-
 }  // namespace
 
 Result<Draft> read_hwloc_xml(std::string_view content, std::string_view name, int xml_version) {
@@ -374,7 +303,6 @@ Result<Draft> read_hwloc_xml(std::string_view content, std::string_view name, in
   // hwloc wants the buffer's size with its terminating NUL.
   const std::string buffer(content);
   if (buffer.size() >= static_cast<std::size_t>(INT32_MAX)) return invalid_argument(label + ": too large for hwloc");
-  if (auto crash = hwloc_survives(buffer, label)) return *crash;
   if (hwloc_topology_set_xmlbuffer(topology.value().get(), buffer.c_str(), static_cast<int>(buffer.size() + 1)) != 0) {
     return invalid_argument(label + ": hwloc cannot read this XML: " + std::strerror(errno));
   }

@@ -26,9 +26,34 @@ constexpr std::uintmax_t kMaxFileBytes = 64u << 20;
 
 constexpr std::string_view kExpected = "expected hwloc XML, NCCL topology XML or the text of `nvidia-smi topo -m`";
 
+// hwloc 2.9 checks that an object's sets come in pairs (a cpuset with its
+// complete_cpuset, a nodeset with its complete_nodeset, no nodeset without a
+// cpuset) for files of version 1 only, and then relies on it for every
+// file: an object of a version 2 file with a cpuset but no complete_cpuset
+// crashes it (found by topology_loaders_fuzz). Checked here for every file,
+// so hwloc reads only files it can, in this process.
+std::optional<Error> check_hwloc_sets(const pugi::xml_node& object, const std::string& name) {
+  const auto has = [&](const char* attribute) { return static_cast<bool>(object.attribute(attribute)); };
+  const auto refuse = [&](const std::string& problem) {
+    return invalid_argument(name + ": <object type=\"" + detail::printable(object.attribute("type").value()) + "\"> " +
+                            problem +
+                            "; allowed: cpuset with complete_cpuset, nodeset with complete_nodeset (as lstopo writes "
+                            "them), or none");
+  };
+  if (has("cpuset") != has("complete_cpuset")) {
+    return refuse(has("cpuset") ? "has a cpuset but no complete_cpuset" : "has a complete_cpuset but no cpuset");
+  }
+  if (has("nodeset") != has("complete_nodeset")) {
+    return refuse(has("nodeset") ? "has a nodeset but no complete_nodeset" : "has a complete_nodeset but no nodeset");
+  }
+  if (has("nodeset") && !has("cpuset")) return refuse("has a nodeset but no cpuset");
+  return std::nullopt;
+}
+
 // Bounds hwloc does not check and pays for in memory and time: a PU or NUMA
 // node without os_index makes hwloc set bit 2^32-1 of a bitmap (512 MiB, and
-// seconds), and a distance matrix of n objects holds n^2 values.
+// seconds), and a distance matrix of n objects holds n^2 values. And the
+// sets hwloc relies on (check_hwloc_sets).
 std::optional<Error> check_hwloc_bounds(const pugi::xml_node& root, const std::string& name) {
   constexpr unsigned long kMaxOsIndex = 1ul << 20;        // a million PUs or NUMA nodes
   constexpr unsigned long long kMaxMatrixObjects = 1024;  // a DGX-2 has 28, an NVL72 rack ~110
@@ -36,6 +61,9 @@ std::optional<Error> check_hwloc_bounds(const pugi::xml_node& root, const std::s
   for (pugi::xml_node node = root.first_child(); node;) {
     const std::string tag = node.name();
     const std::string type = node.attribute("type").value();
+    if (tag == "object") {
+      if (auto problem = check_hwloc_sets(node, name)) return problem;
+    }
     if (tag == "object" && (type == "PU" || type == "NUMANode")) {
       const pugi::xml_attribute index = node.attribute("os_index");
       const std::string text = index.value();
