@@ -36,11 +36,12 @@
 #include <string>
 #include <string_view>
 
+#include "dew/export.h"
 #include "dew/result.h"
 
 namespace dew::attention {
 
-struct Dims {
+struct DEW_API Dims {
   int batch = 1;
   int heads = 1;     // query heads H
   int kv_heads = 1;  // key/value heads K, H % K == 0
@@ -50,21 +51,21 @@ struct Dims {
 };
 
 // Keys within [a - left, a + right] of the aligned query position a.
-struct Window {
+struct DEW_API Window {
   std::int64_t left = 0;
   std::int64_t right = 0;
 };
 
 // Where the local rows and columns sit in the whole sequences. Empty spans
 // mean 0..n-1; a length of -1 means the local one.
-struct Positions {
+struct DEW_API Positions {
   std::span<const std::int64_t> query;  // query_length entries, each in [0, whole_query_length)
   std::span<const std::int64_t> key;    // key_length entries, each in [0, whole_key_length)
   std::int64_t whole_query_length = -1;
   std::int64_t whole_key_length = -1;
 };
 
-struct Mask {
+struct DEW_API Mask {
   bool causal = false;
   std::optional<Window> window;
   // Packed documents: a segment id per local query row and key column, batch
@@ -79,7 +80,7 @@ struct Mask {
 // of 0 broadcasts, -1 means the dense layout (batch x heads x query_length x
 // key_length).
 template <typename T>
-struct Bias {
+struct DEW_API Bias {
   const T* data = nullptr;
   std::int64_t batch_stride = -1;
   std::int64_t head_stride = -1;
@@ -87,7 +88,7 @@ struct Bias {
 };
 
 template <typename T>
-struct Inputs {
+struct DEW_API Inputs {
   Dims dims;
   const T* query = nullptr;  // batch x heads x query_length x head_dim
   const T* key = nullptr;    // batch x kv_heads x key_length x head_dim
@@ -107,7 +108,7 @@ struct Inputs {
 // Blocks of one call, each a (batch, head, query block, key block): how many
 // the mask removed entirely (never computed), how many it cut (evaluated per
 // element), and how many it left whole.
-struct Stats {
+struct DEW_API Stats {
   std::int64_t skipped = 0;
   std::int64_t partial = 0;
   std::int64_t full = 0;
@@ -116,12 +117,12 @@ struct Stats {
 // out: batch x heads x query_length x head_dim. lse (may be nullptr): batch x
 // heads x query_length, log of the softmax denominator, sink included.
 template <typename T>
-Result<Stats> forward(const Inputs<T>& inputs, T* out, T* lse);
+DEW_API Result<Stats> forward(const Inputs<T>& inputs, T* out, T* lse);
 
 // Gradients of a loss L given d_out = dL/d out; each is overwritten. d_sinks
 // (heads entries) may be nullptr and must be when there are no sinks.
 template <typename T>
-struct Gradients {
+struct DEW_API Gradients {
   T* query = nullptr;
   T* key = nullptr;
   T* value = nullptr;
@@ -130,12 +131,12 @@ struct Gradients {
 
 // out and lse exactly as forward returned them for these inputs.
 template <typename T>
-Result<Stats> backward(const Inputs<T>& inputs, const T* out, const T* lse, const T* d_out,
-                       const Gradients<T>& gradients);
+DEW_API Result<Stats> backward(const Inputs<T>& inputs, const T* out, const T* lse, const T* d_out,
+                               const Gradients<T>& gradients);
 
 // The number of (query row, key column) pairs the mask allows, summed over
 // the batch, for one head (for counting FLOPs); 0 for an invalid mask.
-std::int64_t allowed_pairs(const Mask& mask, const Dims& dims);
+DEW_API std::int64_t allowed_pairs(const Mask& mask, const Dims& dims);
 
 // ---------------------------------------------------------------------------
 // The rule: which exchange a sequence-parallel call runs (the design page's
@@ -143,15 +144,15 @@ std::int64_t allowed_pairs(const Mask& mask, const Dims& dims);
 
 enum class MaskKind { kNone, kCausal, kWindow, kDocuments };
 
-struct MaskSpec {
+struct DEW_API MaskSpec {
   MaskKind kind = MaskKind::kNone;
   Window window;  // kWindow only
 };
 
 // "none", "causal", "documents", "window=W" (left W, right 0) or
 // "window=L,R"; anything else is an error naming it.
-Result<MaskSpec> parse_mask_kind(std::string_view text);
-std::string format_mask_kind(const MaskSpec& mask);
+DEW_API Result<MaskSpec> parse_mask_kind(std::string_view text);
+DEW_API std::string format_mask_kind(const MaskSpec& mask);
 
 // How the kernel behind the gather treats a mask. The design page's rule sends
 // masked calls to the all-to-all because cuDNN runs the gather's mask for its
@@ -163,10 +164,10 @@ std::string format_mask_kind(const MaskSpec& mask);
 enum class GatherKernel { kDenseBias, kSkipsMaskedBlocks };
 
 // "dense-bias" or "skips-masked-blocks"; anything else is an error naming it.
-Result<GatherKernel> parse_gather_kernel(std::string_view text);
-std::string_view gather_kernel_name(GatherKernel kernel);
+DEW_API Result<GatherKernel> parse_gather_kernel(std::string_view text);
+DEW_API std::string_view gather_kernel_name(GatherKernel kernel);
 
-struct Call {
+struct DEW_API Call {
   int heads = 0;                  // query heads H, all tensor shards together
   int kv_heads = 0;               // key/value heads K
   std::int64_t query_length = 0;  // whole sequence
@@ -180,9 +181,9 @@ struct Call {
 };
 
 enum class Exchange { kAllToAll, kGather };
-std::string_view exchange_name(Exchange exchange);  // "all-to-all", "gather"
+DEW_API std::string_view exchange_name(Exchange exchange);  // "all-to-all", "gather"
 
-struct ExchangeCost {
+struct DEW_API ExchangeCost {
   bool can_run = false;
   std::string why_not;  // when it cannot run
   // Per device, one forward call: in units of length x head width x (N-1)/N
@@ -194,7 +195,7 @@ struct ExchangeCost {
   double bytes = 0;
 };
 
-struct Plan {
+struct DEW_API Plan {
   Exchange exchange = Exchange::kAllToAll;
   std::string reason;
   int shard_heads = 0;        // H: query heads per tensor shard
@@ -206,6 +207,6 @@ struct Plan {
 
 // Errors (with the numbers) for values out of range and shapes neither
 // exchange can run.
-Result<Plan> choose_exchange(const Call& call);
+DEW_API Result<Plan> choose_exchange(const Call& call);
 
 }  // namespace dew::attention

@@ -28,6 +28,7 @@
 
 #include "dew/attention.h"
 #include "dew/comm.h"
+#include "dew/export.h"
 
 namespace dew::attention {
 
@@ -40,7 +41,7 @@ enum class Layout { kContiguous, kChunkPairs };
 // contiguous shards take any length >= N (the first length % N devices hold
 // one row more; only the gather runs on uneven shards), the chunk pairs need
 // it to divide by 2N; otherwise an error.
-Result<std::vector<std::int64_t>> shard_positions(Layout layout, std::int64_t length, int devices, int rank);
+DEW_API Result<std::vector<std::int64_t>> shard_positions(Layout layout, std::int64_t length, int devices, int rank);
 
 // Rows `positions` (in that order) of a batch x heads x length x width
 // tensor: a device's shard of a whole input, or its part of a whole result.
@@ -73,7 +74,7 @@ std::vector<T> take_heads(std::span<const T> whole, int batch, int heads, int fi
 }
 
 template <typename T>
-struct ShardCall {
+struct DEW_API ShardCall {
   // batch; heads and kv_heads of this tensor shard (H, K); the WHOLE query
   // and key lengths; head width.
   Dims dims;
@@ -101,12 +102,12 @@ struct ShardCall {
 // out: batch x H x (query_length / N) x head_dim; lse: batch x H x
 // (query_length / N), the shard's rows.
 template <typename T>
-Result<Stats> exchange_forward(Exchange exchange, Communicator& comm, const ShardCall<T>& call, T* out, T* lse);
+DEW_API Result<Stats> exchange_forward(Exchange exchange, Communicator& comm, const ShardCall<T>& call, T* out, T* lse);
 
 // Gradients of this device's shards (query, key, value as the inputs); the
 // sinks' gradient (H entries) is the whole one, the same on every device.
 template <typename T>
-Result<Stats> exchange_backward(Exchange exchange, Communicator& comm, const ShardCall<T>& call, const T* out,
-                                const T* lse, const T* d_out, const Gradients<T>& gradients);
+DEW_API Result<Stats> exchange_backward(Exchange exchange, Communicator& comm, const ShardCall<T>& call, const T* out,
+                                        const T* lse, const T* d_out, const Gradients<T>& gradients);
 
 }  // namespace dew::attention

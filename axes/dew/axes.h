@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "dew/comm.h"
+#include "dew/export.h"
 #include "dew/mesh.h"
 #include "dew/pool.h"
 #include "dew/result.h"
@@ -34,7 +35,7 @@ namespace dew::axes {
 using comm::Communicator;
 using comm::KeyValue;
 
-struct AxisMember {
+struct DEW_API AxisMember {
   int group = 0;             // the group's index among the axis's groups
   int rank = 0;              // the device's position in its group
   int size = 1;              // devices in the group
@@ -46,17 +47,17 @@ struct AxisMember {
 
 // Errors (kNotFound) name the device and the mesh's ids when the device is
 // not in it.
-Result<AxisMember> axis_member(const mesh::Mesh& mesh, mesh::Axis axis, int device_id);
+DEW_API Result<AxisMember> axis_member(const mesh::Mesh& mesh, mesh::Axis axis, int device_id);
 
 // put publishes under `key`; get waits up to `timeout` and returns an Error
 // (kTimeout) naming the key when it does not come. It refers to `pool`,
 // which must outlive it (and the communicators made with it).
-KeyValue pool_key_value(runtime::Pool& pool, std::chrono::milliseconds timeout);
+DEW_API KeyValue pool_key_value(runtime::Pool& pool, std::chrono::milliseconds timeout);
 
 // The local address of a route to the pool's coordinator (no packet is
 // sent): every peer reached the coordinator, so this host is reachable at
 // it. 127.0.0.1 for a pool without a coordinator (one process).
-Result<std::string> reachable_address(const runtime::Identity& identity);
+DEW_API Result<std::string> reachable_address(const runtime::Identity& identity);
 
 // What any backend's rendezvous needs for device `device_id`'s group on
 // `axis`: its rank and size, the pool's store, and this round's key prefix
@@ -65,15 +66,15 @@ Result<std::string> reachable_address(const runtime::Identity& identity);
 //   make_nccl_communicator({.rank = r.value().member.rank, .size = r.value().member.size,
 //                           .device = local_gpu, .store = r.value().store, .prefix = r.value().prefix});
 // The device must sit on this process (mesh.processes).
-struct AxisRendezvous {
+struct DEW_API AxisRendezvous {
   AxisMember member;
   KeyValue store;
   std::string prefix;
 };
-Result<AxisRendezvous> axis_rendezvous(runtime::Pool& pool, const mesh::Mesh& mesh, mesh::Axis axis, int device_id,
-                                       std::chrono::milliseconds timeout);
+DEW_API Result<AxisRendezvous> axis_rendezvous(runtime::Pool& pool, const mesh::Mesh& mesh, mesh::Axis axis,
+                                               int device_id, std::chrono::milliseconds timeout);
 
-struct AxisOptions {
+struct DEW_API AxisOptions {
   // Where this device's Gloo rank listens; default reachable_address().
   std::optional<std::string> hostname;
   // Bounds the rendezvous and every collective.
@@ -82,8 +83,8 @@ struct AxisOptions {
 
 // The Gloo communicator of device `device_id`'s group on `axis`. The device
 // must sit on this process (mesh.processes).
-Result<std::unique_ptr<Communicator>> make_axis_communicator(runtime::Pool& pool, const mesh::Mesh& mesh,
-                                                             mesh::Axis axis, int device_id,
-                                                             const AxisOptions& options = {});
+DEW_API Result<std::unique_ptr<Communicator>> make_axis_communicator(runtime::Pool& pool, const mesh::Mesh& mesh,
+                                                                     mesh::Axis axis, int device_id,
+                                                                     const AxisOptions& options = {});
 
 }  // namespace dew::axes

@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "dew/export.h"
 #include "dew/mesh.h"
 #include "dew/pool.h"
 #include "dew/result.h"
@@ -21,7 +22,7 @@
 namespace dew::axes {
 
 // What tells this process's host apart, and which of its GPUs it owns.
-struct LocalFacts {
+struct DEW_API LocalFacts {
   int process = 0;
   int local_rank = 0;
   int local_size = 1;
@@ -36,25 +37,25 @@ struct LocalFacts {
 // (indices, or UUIDs resolved on the host; one that names no GPU there is
 // refused), else its share of the host's GPUs by local rank; the granule is
 // the topology's NVLink domain when it has one, else the host.
-Result<mesh::HostPart> local_part(const topology::Topology& host, const LocalFacts& facts);
+DEW_API Result<mesh::HostPart> local_part(const topology::Topology& host, const LocalFacts& facts);
 
 // A part on the wire (JSON), and back with every field checked.
-std::string encode_part(const mesh::HostPart& part);
-Result<mesh::HostPart> decode_part(std::string_view text);
+DEW_API std::string encode_part(const mesh::HostPart& part);
+DEW_API Result<mesh::HostPart> decode_part(std::string_view text);
 
 // One machine, one process owning all its GPUs, in the machine's own
 // granule, its link matrix as read (dew mesh --topology FILE or on this
 // machine, dew.build_mesh(topology=FILE)).
-mesh::DeviceGraph machine_graph(const topology::Topology& machine);
+DEW_API mesh::DeviceGraph machine_graph(const topology::Topology& machine);
 
 // Several hosts planned offline: one topology file per host, one process
 // per host owning all its GPUs, a granule each (dew mesh --topology A
 // --topology B, dew.build_mesh(topology=[...])).
-Result<mesh::DeviceGraph> files_device_graph(const std::vector<std::string>& files);
+DEW_API Result<mesh::DeviceGraph> files_device_graph(const std::vector<std::string>& files);
 
 // Every process of the pool calls it: reads its host (DEW_TOPOLOGY_FILE, or
 // live through hwloc and NVML), gathers every process's part, and returns
 // the same graph on every rank (hosts_graph's errors name the host).
-Result<mesh::DeviceGraph> pool_device_graph(runtime::Pool& pool);
+DEW_API Result<mesh::DeviceGraph> pool_device_graph(runtime::Pool& pool);
 
 }  // namespace dew::axes

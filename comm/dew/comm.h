@@ -28,11 +28,12 @@
 #include <string>
 #include <vector>
 
+#include "dew/export.h"
 #include "dew/result.h"
 
 namespace dew::comm {
 
-class Communicator {
+class DEW_API Communicator {
  public:
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
@@ -87,7 +88,7 @@ class Communicator {
 // the store's Error), get(key) waits for the key (up to the timeout the
 // store keeps) and returns its value, or an Error (kTimeout naming the key,
 // or the pool's own).
-struct KeyValue {
+struct DEW_API KeyValue {
   std::function<Result<Done>(const std::string&, const std::vector<char>&)> put;
   std::function<Result<std::vector<char>>(const std::string&)> get;
 };
@@ -95,9 +96,9 @@ struct KeyValue {
 // A store in this process's memory, shared by every copy of the returned
 // value, so ranks running as threads of one process can rendezvous. get
 // waits up to `timeout` for a key.
-KeyValue local_key_value(std::chrono::milliseconds timeout = std::chrono::seconds(30));
+DEW_API KeyValue local_key_value(std::chrono::milliseconds timeout = std::chrono::seconds(30));
 
-struct GlooOptions {
+struct DEW_API GlooOptions {
   int rank = 0;
   int size = 1;
   KeyValue store;
@@ -110,6 +111,6 @@ struct GlooOptions {
 
 // Connects this rank to every other rank of the group over TCP (Gloo's full
 // mesh); every rank calls it at the same time.
-Result<std::unique_ptr<Communicator>> make_gloo_communicator(const GlooOptions& options);
+DEW_API Result<std::unique_ptr<Communicator>> make_gloo_communicator(const GlooOptions& options);
 
 }  // namespace dew::comm

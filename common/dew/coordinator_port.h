@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "dew/export.h"
+
 namespace dew {
 
 // Ports a coordinator may take; the default stays below Linux's ephemeral
@@ -13,7 +15,7 @@ namespace dew {
 // and port ranges, dew launch --port): the ports below need root.
 inline constexpr std::uint16_t kLowestPort = 1024;
 
-struct PortRange {
+struct DEW_API PortRange {
   std::uint16_t low = 20000;
   std::uint16_t high = 29999;
   friend bool operator==(const PortRange&, const PortRange&) = default;
@@ -27,13 +29,13 @@ struct PortRange {
 inline constexpr std::uint64_t kStepsPerJob = 32;
 
 // low + (job_id x kStepsPerJob + step_id) mod (high - low + 1).
-std::uint16_t derive_port(std::uint32_t job_id, std::uint32_t step_id, PortRange range = {});
+DEW_API std::uint16_t derive_port(std::uint32_t job_id, std::uint32_t step_id, PortRange range = {});
 
 // A port of `range` from a random number: low + random mod the range's size.
-std::uint16_t port_from_random(std::uint32_t random, PortRange range = {});
+DEW_API std::uint16_t port_from_random(std::uint32_t random, PortRange range = {});
 
 // The port `step` places after `port`, for stepping past a port in use:
 // port + step, wrapping from 65535 to 1024 (the ports below need root).
-std::uint16_t stepped_port(std::uint16_t port, unsigned step);
+DEW_API std::uint16_t stepped_port(std::uint16_t port, unsigned step);
 
 }  // namespace dew

@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include "dew/export.h"
+
 namespace dew {
 
 // A process that ends because another process of its pool failed (EX_TEMPFAIL:
@@ -18,20 +20,20 @@ inline constexpr int kJoinFailedExitCode = 69;
 inline constexpr int kWatchdogExitCode = 124;
 
 // A raw wait status in words: "exit code 3", "signal 9 (SIGKILL)".
-std::string describe_wait_status(int wait_status);
+DEW_API std::string describe_wait_status(int wait_status);
 
 // Anything but a normal exit with code 0.
-bool is_bad_exit(int wait_status);
+DEW_API bool is_bad_exit(int wait_status);
 
 // A normal exit with kPeerFailedExitCode.
-bool is_peer_failure(int wait_status);
+DEW_API bool is_peer_failure(int wait_status);
 
 // The launcher's exit code for the process its peers blamed, from how it
 // ended: its own failure code, never 0 (it left while the others waited for
 // it) nor kPeerFailedExitCode (which says "not me"): those become 1.
-int blamed_exit_code(int wait_status);
+DEW_API int blamed_exit_code(int wait_status);
 
 // The code a shell would report for it: the exit code, or 128 + signal.
-int exit_code_of(int wait_status);
+DEW_API int exit_code_of(int wait_status);
 
 }  // namespace dew

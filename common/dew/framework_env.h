@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "dew/coordinator_port.h"
+#include "dew/export.h"
 #include "dew/result.h"
 #include "dew/task_contract.h"
 
@@ -23,10 +24,10 @@ inline constexpr PortRange kFrameworkPortRange{10000, 19999};
 
 // Refuses a framework range that shares a port with Dew's (a step's
 // framework port could then be another step's Dew port), naming both.
-Result<Done> check_framework_range(PortRange dew_range, PortRange framework_range);
+DEW_API Result<Done> check_framework_range(PortRange dew_range, PortRange framework_range);
 
 // What one process of a pool is, as the frameworks' variables say it.
-struct FrameworkPlace {
+struct DEW_API FrameworkPlace {
   std::uint32_t rank = 0;
   std::uint32_t size = 1;
   std::uint32_t local_rank = 0;
@@ -51,6 +52,6 @@ inline constexpr const char* kFrameworkVariableNames[] = {contract::kFrameworkCo
 // GROUP_RANK, MASTER_ADDR, MASTER_PORT), JAX's JAX_COORDINATOR_ADDRESS and
 // Dew's own DEW_FRAMEWORK_COORDINATOR (what libdew agrees on), all naming
 // the framework's coordinator at host:port.
-std::vector<std::pair<std::string, std::string>> framework_variables(const FrameworkPlace& place);
+DEW_API std::vector<std::pair<std::string, std::string>> framework_variables(const FrameworkPlace& place);
 
 }  // namespace dew

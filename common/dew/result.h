@@ -9,6 +9,8 @@
 #include <variant>
 #include <vector>
 
+#include "dew/export.h"
+
 namespace dew {
 
 // What kind of failure an Error is: a closed set, so callers (and tests)
@@ -51,7 +53,7 @@ constexpr std::string_view error_code_name(ErrorCode code) {
 }
 
 // The kind, and one user-facing line naming the bad value and what is allowed.
-struct Error {
+struct DEW_API Error {
   ErrorCode code = ErrorCode::kInternal;
   std::string message;
   // For a pool's agreement or gather whose patience ran out (kTimeout): the

@@ -23,6 +23,7 @@
 #include <string>
 #include <string_view>
 
+#include "dew/export.h"
 #include "dew/result.h"
 #include "dew/task_contract.h"
 
@@ -35,13 +36,13 @@ enum class RankSource { kNone, kPmix, kOpenMpi, kSlurm, kDew };
 
 // PMIX_NAMESPACE and a PMIX_SERVER_URI* variable: a PMIx server is there
 // (srun --mpi=pmix, prterun, mpirun).
-bool has_pmix_server(const Environment& env);
+DEW_API bool has_pmix_server(const Environment& env);
 
-RankSource rank_source(const Environment& env);
+DEW_API RankSource rank_source(const Environment& env);
 
 // "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "DEW_PROCESS_ID";
 // nullptr for kNone.
-const char* rank_variable(RankSource source);
+DEW_API const char* rank_variable(RankSource source);
 
 // The node that runs rank 0: the nodelist's first node for srun's default
 // distribution and for block, cyclic, plane and "*" (whatever follows ':', '='
@@ -49,12 +50,12 @@ const char* rank_variable(RankSource source);
 // say which: kUnsupported naming it and the allowed ones; the caller adds
 // how to name the host instead. A bad nodelist is kInvalidArgument, a
 // missing one kNotFound, both prefixed "SLURM_STEP_NODELIST".
-Result<std::string> rank0_node(const std::optional<std::string>& step_nodelist,
-                               const std::optional<std::string>& distribution);
+DEW_API Result<std::string> rank0_node(const std::optional<std::string>& step_nodelist,
+                                       const std::optional<std::string>& distribution);
 
 // Tasks on node `node` (0-based) from SLURM_STEP_TASKS_PER_NODE ("3,1",
 // "2(x2),1"); nullopt when the layout is malformed or has no such node.
-std::optional<int> tasks_on_node(const std::string& layout, int node);
+DEW_API std::optional<int> tasks_on_node(const std::string& layout, int node);
 
 // A Slurm step's task variables (SLURM_PROCID, SLURM_NTASKS,
 // SLURM_STEP_NODELIST, ...), PMIx's and PMI's (PMIX_RANK, PMIX_NAMESPACE,
@@ -62,6 +63,6 @@ std::optional<int> tasks_on_node(const std::string& layout, int node);
 // plugin's per-task DEW_NODE_ID and DEW_MULTI_HOST. Job-wide variables
 // (SLURM_JOB_ID, SLURM_JOB_NODELIST, ...) are not: they stay true for a
 // process started inside the job by another launcher.
-bool is_task_identity_variable(std::string_view name);
+DEW_API bool is_task_identity_variable(std::string_view name);
 
 }  // namespace dew

@@ -14,9 +14,11 @@
 
 #include <array>
 
+#include "dew/export.h"
+
 namespace dew::contract {
 
-struct Variable {
+struct DEW_API Variable {
   const char* name;
   const char* meaning;
   const char* when_unset;

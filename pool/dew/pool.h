@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "dew/exit_status.h"
+#include "dew/export.h"
 #include "dew/failure_timings.h"
 #include "dew/result.h"
 #include "dew/slurm_step.h"
@@ -36,18 +37,18 @@ namespace dew::runtime {
 
 // Where the identity came from, in the order join() tries them.
 enum class PoolSource { kExplicit, kPmix, kOpenMpi, kSlurm, kDew, kAlone };
-std::string_view source_name(PoolSource source);
+DEW_API std::string_view source_name(PoolSource source);
 
-struct Address {
+struct DEW_API Address {
   std::string host;
   std::uint16_t port = 0;
   std::string text() const;  // "host:port", "[v6]:port"
 };
 
 // "host:port" or "[v6 address]:port"; `name` names the value in the error.
-Result<Address> parse_address(std::string_view text, std::string_view name);
+DEW_API Result<Address> parse_address(std::string_view text, std::string_view name);
 
-struct Identity {
+struct DEW_API Identity {
   PoolSource source = PoolSource::kAlone;
   std::string why;  // one line: what made this the source
   int rank = 0;
@@ -67,7 +68,7 @@ struct Identity {
   std::string framework_coordinator_from;
 };
 
-struct JoinOptions {
+struct DEW_API JoinOptions {
   // Explicit identity: both or neither.
   std::optional<int> rank;
   std::optional<int> size;
@@ -104,13 +105,13 @@ struct JoinOptions {
 };
 
 using Environment = dew::Environment;  // dew/slurm_step.h
-Environment current_environment();
+DEW_API Environment current_environment();
 
 // Pure: which source applies and what it says. PMIx identities carry only
 // the source here (rank and size come from PMIx_Init at join time).
-Result<Identity> resolve_identity(const Environment& env, const JoinOptions& options);
+DEW_API Result<Identity> resolve_identity(const Environment& env, const JoinOptions& options);
 
-struct Settings {
+struct DEW_API Settings {
   // The defaults, and the race each bounds: dew/failure_timings.h.
   std::chrono::milliseconds agreement_patience{timings::kAgreementPatience};
   std::chrono::milliseconds heartbeat_timeout{timings::kHeartbeatTimeout};
@@ -120,14 +121,14 @@ struct Settings {
   std::chrono::milliseconds slow_after{timings::kSlowAfter};
 };
 // Pure: options first, then the DEW_*_SECONDS variables, then the defaults.
-Result<Settings> resolve_settings(const Environment& env, const JoinOptions& options);
+DEW_API Result<Settings> resolve_settings(const Environment& env, const JoinOptions& options);
 
 // What all_gather returns: every process's bytes in rank order, as views
 // into the buffer they came in (the service's reply, PMIx's strings), which
 // it holds. One allocation a round, not one a process: at 1024 processes
 // that was a fifth of a round's CPU. Copies share the buffer; a view lives
 // as long as some copy does.
-class Gathered {
+class DEW_API Gathered {
  public:
   using const_iterator = std::vector<std::string_view>::const_iterator;
   Gathered() = default;
@@ -153,7 +154,7 @@ class Gathered {
 };
 
 // What the pool's throwing calls throw: the Error's line as what(), and its code.
-class PoolError : public std::runtime_error {
+class DEW_API PoolError : public std::runtime_error {
  public:
   explicit PoolError(Error error) : std::runtime_error(error.message), error_(std::move(error)) {}
   ErrorCode code() const { return error_.code; }
@@ -178,14 +179,14 @@ T value_or_throw(Result<T> result) {
 // Why `secret` cannot be a pool's DEW_POOL_SECRET (one line naming its
 // length and what is allowed: 64 hex digits, as srun --dew-pool and dew
 // launch draw them), or "" when it can.
-std::string pool_secret_problem(std::string_view secret);
+DEW_API std::string pool_secret_problem(std::string_view secret);
 
 // What join() would resolve here, without joining: the identity with PMIx's
 // answers filled in (PMIx_Init, when a PMIx server is there) and this host's
 // name. For `dew env`.
-Result<Identity> describe_identity(const Environment& env, const JoinOptions& options);
+DEW_API Result<Identity> describe_identity(const Environment& env, const JoinOptions& options);
 
-class Pool {
+class DEW_API Pool {
  public:
   Pool(Pool&&) noexcept;
   Pool& operator=(Pool&&) noexcept;
@@ -283,7 +284,7 @@ class Pool {
   // coordination service and waits here until every other process has left.
   void leave();
 
-  struct State;  // opaque; also reached by the process's failure handlers
+  struct DEW_LOCAL State;  // opaque; also reached by the process's failure handlers
 
  private:
   explicit Pool(std::unique_ptr<State> state);
@@ -297,11 +298,11 @@ class Pool {
 // unless DEW_LINES_PREFIXED=1. Fails on contradictory variables
 // (kInvalidArgument) or when peers never come (kTimeout, kUnavailable).
 // A process joins once: a second call is refused (kInvalidArgument).
-Result<Pool> try_join(JoinOptions options = {});
+DEW_API Result<Pool> try_join(JoinOptions options = {});
 // The same, throwing the Error as PoolError; left uncaught, that is one line
 // and kJoinFailedExitCode (and under PMIx the step's abort), not
 // std::terminate's abort.
-Pool join(JoinOptions options = {});
+DEW_API Pool join(JoinOptions options = {});
 
 // What a process runs before it ends for its own failure or a peer's (not
 // for a fatal signal): a program's own buffered output, such as Python's
@@ -311,7 +312,7 @@ Pool join(JoinOptions options = {});
 // failure's exit code, which the hook is given (kPeerFailedExitCode for a
 // peer's failure, kWatchdogExitCode for a step over its bound: a step that
 // is stuck). One hook per process; an empty function removes it.
-void set_before_exit(std::function<void(int exit_code)> flush);
+DEW_API void set_before_exit(std::function<void(int exit_code)> flush);
 
 // What this process's framework says when one of its steps outlived its
 // bound: true when its main thread waits on its peers inside a collective,
@@ -320,7 +321,7 @@ void set_before_exit(std::function<void(int exit_code)> flush);
 // sets one that reads the main thread's frames (torch.distributed, DDP, or
 // autograd's backward once a process group exists). An empty function
 // removes it.
-void set_collective_probe(std::function<std::optional<bool>()> probe);
+DEW_API void set_collective_probe(std::function<std::optional<bool>()> probe);
 
 // Says that the program is ending by itself (its main function returned, or
 // Python's interpreter is finalizing after a return or sys.exit). From then
@@ -330,7 +331,7 @@ void set_collective_probe(std::function<std::optional<bool>()> probe);
 // not the process's failure: it says so in one line and pauses, and the
 // program's own exit goes on. Should that exit not come within
 // Settings::exit_bound, the process ends by SIGABRT.
-void note_exit_under_way();
+DEW_API void note_exit_under_way();
 
 // Ends the process when one step runs longer than its bound. The bound is
 // DEW_WATCHDOG (the SPANK plugin's value: "30m", "90s", "2h", "off") or 30
@@ -343,7 +344,7 @@ void note_exit_under_way();
 // while others wait in one, silent, or at an earlier step) are named and end
 // with kWatchdogExitCode, the waiting ones as their peers. When no one is
 // known to wait (every step is just slow), each process names itself.
-class StepWatchdog {
+class DEW_API StepWatchdog {
  public:
   // Throws a DEW_WATCHDOG or DEW_PACE_SECONDS it cannot read as PoolError
   // (kInvalidArgument); create() returns it as the Error.
@@ -371,10 +372,10 @@ class StepWatchdog {
   std::optional<std::chrono::milliseconds> bound() const;
 
  private:
-  struct Choice;  // the bound and the pace window, read and checked
-  static Result<Choice> choose(std::optional<std::chrono::milliseconds> bound);
+  struct DEW_LOCAL Choice;  // the bound and the pace window, read and checked
+  DEW_LOCAL static Result<Choice> choose(std::optional<std::chrono::milliseconds> bound);
   explicit StepWatchdog(const Choice& choice);
-  struct State;
+  struct DEW_LOCAL State;
   std::unique_ptr<State> state_;
 };
 

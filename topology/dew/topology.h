@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "dew/export.h"
 #include "dew/result.h"
 
 namespace dew::topology {
@@ -26,7 +27,7 @@ enum class PathClass {
   kUnknown,  // the source does not say
 };
 
-struct Gpu {
+struct DEW_API Gpu {
   int index = 0;                 // 0..n-1 in PCI bus order (as CUDA_DEVICE_ORDER=PCI_BUS_ID)
   std::string pci_bus_id;        // "0000:07:00.0"
   std::string model;             // "Tesla V100-SXM3-32GB"; empty when unknown
@@ -35,7 +36,7 @@ struct Gpu {
   std::string cpu_affinity;      // nearby cores as a list, "0-11,24-35"; empty when unknown
 };
 
-struct Topology {
+struct DEW_API Topology {
   std::string source;  // "hwloc XML v2 (nvidiaDGX2.xml)", "live: hwloc + NVML", ...
   std::vector<Gpu> gpus;
   // n x n matrices over gpus, row-major: [i * n + j].
@@ -55,7 +56,7 @@ struct Topology {
 
 // The format is detected from the content. A corrupt or truncated file is an
 // Error naming the file and the problem.
-Result<Topology> load_topology_file(const std::string& path);
+DEW_API Result<Topology> load_topology_file(const std::string& path);
 
 // The file formats `load_topology_file` reads.
 enum class TopologyFormat {
@@ -67,31 +68,31 @@ enum class TopologyFormat {
 
 // Which format `content` is in, from the content alone: the XML root element
 // (<topology> for hwloc, <system> for NCCL), else a matrix row "GPU0 X ...".
-TopologyFormat detect_topology_format(std::string_view content);
+DEW_API TopologyFormat detect_topology_format(std::string_view content);
 
 // "hwloc XML", "NCCL topology XML", "nvidia-smi topo -m text", "unknown".
-std::string_view format_name(TopologyFormat format);
+DEW_API std::string_view format_name(TopologyFormat format);
 
 // What load_topology_file does once the file is read: `name` stands for the
 // file in errors and in Topology::source. The fuzz target's entry point.
-Result<Topology> parse_topology_text(std::string_view content, std::string_view name);
+DEW_API Result<Topology> parse_topology_text(std::string_view content, std::string_view name);
 
 // A cell as `nvidia-smi topo -m` prints it: "X", "NV6", "PIX", ..., "SYS";
 // "?" for kUnknown.
-std::string path_class_label(PathClass path, int nvlinks);
+DEW_API std::string path_class_label(PathClass path, int nvlinks);
 
 // This machine, now.
-Result<Topology> detect_topology();
+DEW_API Result<Topology> detect_topology();
 
 // This host's kernel boot id (what tells hosts apart: two names of one host
 // share it); empty where the kernel does not say.
-std::string read_boot_id();
+DEW_API std::string read_boot_id();
 
 // This process's accelerator fingerprint, one "name=value" per line: the
 // platform, driver and library versions, device kinds and counts; the CPU
 // model and ISA on a CPU-only machine. DEW_ACCELERATOR_FINGERPRINT replaces
 // it (for pools that know better, and for tests). What a pool's
 // compile_cache_key() hashes.
-std::string accelerator_fingerprint();
+DEW_API std::string accelerator_fingerprint();
 
 }  // namespace dew::topology
