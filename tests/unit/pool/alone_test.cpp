@@ -115,7 +115,7 @@ TEST(PoolOfOne, GetWaitsForAnotherThreadsPutAndTimesOutNamingTheKey) {
 TEST(StepWatchdogCreate, AnUnreadableWatchdogIsAnErrorNotAnException) {
   ::setenv("DEW_WATCHDOG", "forever", 1);
   auto watchdog = dew::runtime::StepWatchdog::create();
-  EXPECT_THROW(dew::runtime::StepWatchdog(std::nullopt), dew::runtime::PoolError);  // the throwing convenience
+  EXPECT_THROW({ dew::runtime::StepWatchdog watchdog; }, dew::runtime::PoolError);  // the throwing convenience
   ::unsetenv("DEW_WATCHDOG");
   ASSERT_FALSE(watchdog.ok());
   EXPECT_EQ(watchdog.error().code, dew::ErrorCode::kInvalidArgument);
