@@ -22,10 +22,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using asio::ip::tcp;
 
-std::string seconds_of(Clock::duration duration) {
-  return seconds_text(std::chrono::duration<double>(duration).count());
-}
-
 // One connection attempt, given up at `deadline`.
 std::error_code connect_before(asio::io_context& io, tcp::socket& socket, const tcp::resolver::results_type& endpoints,
                                Clock::time_point deadline) {
@@ -63,7 +59,7 @@ Result<tcp::socket> connect_with_retries(asio::io_context& io, const ClientConfi
     last_error = ec.message();
     log_debug("join: " + where + ": " + last_error + "; trying again in " + std::to_string(pause.count()) + " ms");
     if (Clock::now() + pause >= config.join_deadline) {
-      const std::string within = " within " + seconds_of(config.join_timeout) + " (DEW_JOIN_TIMEOUT_SECONDS): ";
+      const std::string within = " within " + seconds_text(config.join_timeout) + " (DEW_JOIN_TIMEOUT_SECONDS): ";
       if (!resolved) {
         return timeout_error("cannot resolve the coordinator's host " + quoted(config.host) + within + last_error);
       }
@@ -147,7 +143,7 @@ Error handshake_error(const handshake::Reading& reading, const std::string& buff
   if (error == "silent") {
     return unavailable("process 0 stopped answering during the join: the coordination service at " + where +
                        " accepted the connection, then said nothing for " +
-                       seconds_of(handshake_silence_bound(config.heartbeat_timeout, config.size)) +
+                       seconds_text(handshake_silence_bound(config.heartbeat_timeout, config.size)) +
                        " (DEW_HEARTBEAT_TIMEOUT_SECONDS and 10 ms a process of the pool; process 0 stopped or "
                        "frozen); heard " +
                        heard);
@@ -155,7 +151,7 @@ Error handshake_error(const handshake::Reading& reading, const std::string& buff
   if (error == "timed out") {
     return timeout_error("the coordinator at " + where +
                          " accepted the connection but the handshake did not end within " +
-                         seconds_of(config.join_timeout) + " (DEW_JOIN_TIMEOUT_SECONDS): heard " + heard +
+                         seconds_text(config.join_timeout) + " (DEW_JOIN_TIMEOUT_SECONDS): heard " + heard +
                          (buffer.empty() ? " (a silent listener on that port, or process 0 is stopped)" : ""));
   }
   return unavailable("the coordinator at " + where + " ended the handshake: " + error + " after sending " + heard);

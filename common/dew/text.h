@@ -3,6 +3,7 @@
 #pragma once
 
 #include <charconv>
+#include <chrono>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -61,5 +62,9 @@ std::string host_port(std::string_view host, std::string_view port);
 
 // A duration in seconds as people write it: "3 s", "0.5 s", "300 s".
 std::string seconds_text(double seconds);
+template <typename Rep, typename Period>
+std::string seconds_text(std::chrono::duration<Rep, Period> duration) {
+  return seconds_text(std::chrono::duration<double>(duration).count());
+}
 
 }  // namespace dew
