@@ -1,8 +1,16 @@
+// libpmix is loaded when a process first meets a PMIx server (srun
+// --mpi=pmix, mpirun), not linked: a program of libdew started otherwise
+// (srun --dew-pool, dew launch, a mesh alone) runs where libpmix is not
+// installed. So no PMIx call is made by name here, and none of <pmix.h>'s
+// macros that make one (PMIX_VALUE_RELEASE, PMIX_INFO_LOAD,
+// PMIX_INFO_DESTRUCT): each goes through the table below.
 #include "pmix_session.h"
 
+#include <dlfcn.h>
 #include <pmix.h>
 
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <optional>
@@ -11,17 +19,76 @@
 namespace dew::runtime {
 namespace {
 
+// The calls Dew makes, typed by <pmix.h>'s own declarations.
+struct PmixCalls {
+  decltype(&PMIx_Init) init = nullptr;
+  decltype(&PMIx_Finalize) finalize = nullptr;
+  decltype(&PMIx_Get) get = nullptr;
+  decltype(&PMIx_Get_nb) get_nb = nullptr;
+  decltype(&PMIx_Put) put = nullptr;
+  decltype(&PMIx_Commit) commit = nullptr;
+  decltype(&PMIx_Fence_nb) fence_nb = nullptr;
+  decltype(&PMIx_Abort) abort = nullptr;
+  decltype(&PMIx_Error_string) error_string = nullptr;
+  decltype(&PMIx_Value_destruct) value_destruct = nullptr;
+  decltype(&PMIx_Info_load) info_load = nullptr;
+};
+
+// Debian's libpmix2 (PMIx 4): the soname Slurm's and Open MPI's PMIx use.
+constexpr const char* kPmixLibrary = "libpmix.so.2";
+
+template <typename Function>
+bool bind(void* handle, const char* name, Function& function) {
+  function = reinterpret_cast<Function>(::dlsym(handle, name));
+  return function != nullptr;
+}
+
+// Loaded once, never closed.
+Result<const PmixCalls*> load_pmix() {
+  static const Result<PmixCalls> loaded = []() -> Result<PmixCalls> {
+    void* handle = ::dlopen(kPmixLibrary, RTLD_NOW | RTLD_GLOBAL);  // PMIx's plugins bind to its symbols
+    if (!handle) {
+      const char* why = ::dlerror();
+      return unavailable(std::string("a PMIx server is here but PMIx's library ") + kPmixLibrary +
+                         " cannot be loaded (" + (why ? why : "not found") + "; Debian's package: libpmix2)");
+    }
+    PmixCalls c;
+    const bool all =
+        bind(handle, "PMIx_Init", c.init) && bind(handle, "PMIx_Finalize", c.finalize) &&
+        bind(handle, "PMIx_Get", c.get) && bind(handle, "PMIx_Get_nb", c.get_nb) && bind(handle, "PMIx_Put", c.put) &&
+        bind(handle, "PMIx_Commit", c.commit) && bind(handle, "PMIx_Fence_nb", c.fence_nb) &&
+        bind(handle, "PMIx_Abort", c.abort) && bind(handle, "PMIx_Error_string", c.error_string) &&
+        bind(handle, "PMIx_Value_destruct", c.value_destruct) && bind(handle, "PMIx_Info_load", c.info_load);
+    if (!all) return unavailable(std::string(kPmixLibrary) + " lacks a call Dew makes: not PMIx 4's library");
+    return c;
+  }();
+  if (!loaded.ok()) return loaded.error();
+  return &loaded.value();
+}
+
+// Set by PmixSession::init before any other call here.
+const PmixCalls* g_pmix = nullptr;
+
 pmix_proc_t g_self;
+
+// PMIX_VALUE_RELEASE and PMIX_INFO_DESTRUCT, through the table.
+void release(pmix_value_t* value) {
+  g_pmix->value_destruct(value);
+  std::free(value);
+}
+void destruct(pmix_info_t& info) {
+  if (!PMIX_INFO_IS_PERSISTENT(&info)) g_pmix->value_destruct(&info.value);
+}
 
 // PMIX_LOAD_NSPACE bounds and terminates the copy.
 void load_nspace(pmix_proc_t& proc, const char* nspace) { PMIX_LOAD_NSPACE(proc.nspace, nspace); }
 
-std::string describe(pmix_status_t status) { return std::string(PMIx_Error_string(status)); }
+std::string describe(pmix_status_t status) { return std::string(g_pmix->error_string(status)); }
 
 // A job-level value of this namespace (rank wildcard).
 Result<std::uint32_t> job_u32(const char* key, const pmix_proc_t& proc) {
   pmix_value_t* value = nullptr;
-  const pmix_status_t status = PMIx_Get(&proc, key, nullptr, 0, &value);
+  const pmix_status_t status = g_pmix->get(&proc, key, nullptr, 0, &value);
   if (status != PMIX_SUCCESS || value == nullptr) {
     return unavailable(std::string("PMIx_Get(") + key + "): " + describe(status));
   }
@@ -41,18 +108,21 @@ Result<std::uint32_t> job_u32(const char* key, const pmix_proc_t& proc) {
       break;
     default: {
       const auto type = value->type;  // read before the release frees it
-      PMIX_VALUE_RELEASE(value);
+      release(value);
       return unavailable(std::string("PMIx_Get(") + key + "): unexpected value type " + std::to_string(type));
     }
   }
-  PMIX_VALUE_RELEASE(value);
+  release(value);
   return out;
 }
 
 }  // namespace
 
 Result<std::unique_ptr<PmixSession>> PmixSession::init() {
-  const pmix_status_t status = PMIx_Init(&g_self, nullptr, 0);
+  auto calls = load_pmix();
+  if (!calls.ok()) return calls.error();
+  g_pmix = calls.value();
+  const pmix_status_t status = g_pmix->init(&g_self, nullptr, 0);
   if (status != PMIX_SUCCESS) return unavailable("PMIx_Init: " + describe(status));
   std::unique_ptr<PmixSession> session(new PmixSession());
   auto& id = session->identity_;
@@ -71,9 +141,9 @@ Result<std::unique_ptr<PmixSession>> PmixSession::init() {
     id.local_size = static_cast<int>(local_size.value());
   if (auto node = job_u32(PMIX_NODEID, g_self); node.ok()) id.node = static_cast<int>(node.value());
   pmix_value_t* host = nullptr;
-  if (PMIx_Get(&g_self, PMIX_HOSTNAME, nullptr, 0, &host) == PMIX_SUCCESS && host != nullptr) {
+  if (g_pmix->get(&g_self, PMIX_HOSTNAME, nullptr, 0, &host) == PMIX_SUCCESS && host != nullptr) {
     if (host->type == PMIX_STRING && host->data.string != nullptr) id.hostname = host->data.string;
-    PMIX_VALUE_RELEASE(host);
+    release(host);
   }
   if (id.rank < 0 || id.rank >= id.size) {
     return internal_error("PMIx gives rank " + std::to_string(id.rank) + " outside a job of " +
@@ -82,7 +152,7 @@ Result<std::unique_ptr<PmixSession>> PmixSession::init() {
   return session;
 }
 
-PmixSession::~PmixSession() { PMIx_Finalize(nullptr, 0); }
+PmixSession::~PmixSession() { g_pmix->finalize(nullptr, 0); }
 
 const PmixIdentity& PmixSession::identity() const { return identity_; }
 
@@ -118,7 +188,7 @@ void fence_done(pmix_status_t status, void* data) {
 pmix_status_t fence_within(const pmix_proc_t& all, const pmix_info_t* info, std::size_t ninfo,
                            std::chrono::milliseconds timeout) {
   auto* wait = new FenceWait;
-  const pmix_status_t started = PMIx_Fence_nb(&all, 1, info, ninfo, fence_done, wait);
+  const pmix_status_t started = g_pmix->fence_nb(&all, 1, info, ninfo, fence_done, wait);
   if (started != PMIX_SUCCESS) {
     delete wait;
     return started;
@@ -140,9 +210,9 @@ Result<Done> post(const std::string& key, const std::string& bytes) {
   value.type = PMIX_BYTE_OBJECT;
   value.data.bo.bytes = const_cast<char*>(bytes.data());
   value.data.bo.size = bytes.size();
-  pmix_status_t status = PMIx_Put(PMIX_GLOBAL, key.c_str(), &value);
+  pmix_status_t status = g_pmix->put(PMIX_GLOBAL, key.c_str(), &value);
   if (status != PMIX_SUCCESS) return unavailable("PMIx_Put: " + describe(status));
-  status = PMIx_Commit();
+  status = g_pmix->commit();
   if (status != PMIX_SUCCESS) return unavailable("PMIx_Commit: " + describe(status));
   return Done{};
 }
@@ -162,11 +232,12 @@ Result<std::vector<std::string>> PmixSession::all_gather(const std::string& byte
   pmix_info_t info[2];
   bool collect = true;
   const int seconds = static_cast<int>(std::min<long long>(std::max<long long>(timeout.count() / 1000, 1), 1 << 30));
-  PMIX_INFO_LOAD(&info[0], PMIX_COLLECT_DATA, &collect, PMIX_BOOL);
-  PMIX_INFO_LOAD(&info[1], PMIX_TIMEOUT, &seconds, PMIX_INT);
+  std::memset(info, 0, sizeof info);
+  (void)g_pmix->info_load(&info[0], PMIX_COLLECT_DATA, &collect, PMIX_BOOL);
+  (void)g_pmix->info_load(&info[1], PMIX_TIMEOUT, &seconds, PMIX_INT);
   pmix_status_t status = fence_within(all, info, 2, timeout);
-  PMIX_INFO_DESTRUCT(&info[0]);
-  PMIX_INFO_DESTRUCT(&info[1]);
+  destruct(info[0]);
+  destruct(info[1]);
   if (status != PMIX_SUCCESS) {
     const std::string what = "PMIx_Fence for all_gather round " + std::to_string(round_ - 1) + ": " + describe(status);
     if (status == PMIX_ERR_TIMEOUT) {
@@ -182,13 +253,13 @@ Result<std::vector<std::string>> PmixSession::all_gather(const std::string& byte
     load_nspace(proc, identity_.nspace.c_str());
     proc.rank = static_cast<pmix_rank_t>(rank);
     pmix_value_t* got = nullptr;
-    status = PMIx_Get(&proc, key.c_str(), nullptr, 0, &got);
+    status = g_pmix->get(&proc, key.c_str(), nullptr, 0, &got);
     if (status != PMIX_SUCCESS || got == nullptr || got->type != PMIX_BYTE_OBJECT) {
-      if (got) PMIX_VALUE_RELEASE(got);
+      if (got) release(got);
       return unavailable("PMIx_Get(" + key + ") of process " + std::to_string(rank) + ": " + describe(status));
     }
     out.emplace_back(got->data.bo.bytes, got->data.bo.size);
-    PMIX_VALUE_RELEASE(got);
+    release(got);
   }
   return out;
 }
@@ -234,7 +305,7 @@ Result<std::string> PmixSession::from_process_zero(const std::string& key, const
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     auto* wait = new GetWait;
-    const pmix_status_t started = PMIx_Get_nb(&zero, key.c_str(), nullptr, 0, get_done, wait);
+    const pmix_status_t started = g_pmix->get_nb(&zero, key.c_str(), nullptr, 0, get_done, wait);
     if (started != PMIX_SUCCESS) {
       delete wait;
       return unavailable("PMIx_Get_nb(" + key + ") of process 0: " + describe(started));
@@ -262,7 +333,7 @@ void PmixSession::abort(int code, const std::string& message) {
   PMIX_PROC_CONSTRUCT(&all);
   load_nspace(all, identity_.nspace.c_str());
   all.rank = PMIX_RANK_WILDCARD;
-  PMIx_Abort(code, message.c_str(), &all, 1);
+  g_pmix->abort(code, message.c_str(), &all, 1);
 }
 
 }  // namespace dew::runtime
