@@ -240,6 +240,13 @@ void Pool::State::end_for_peer(const PeerFailure& failed) {
 }
 
 void Pool::State::fail(const std::string& error, int exit_code) {
+  // A peer's failure heard already, its word not yet acted on (the watch
+  // thread ends the process a moment later; a device that waited for that
+  // word, Pool::wait_until_ending, is woken first): this error is its
+  // consequence, and the process ends as that peer's peer, naming it.
+  if (client) {
+    if (auto heard = client->failure(); heard && heard->rank != identity.rank) end_for_peer(*heard);
+  }
   if (failing.exchange(true) || ending.load()) wait_for_the_end();
   log_error("error: " + error);
   say_own_failure_record(error, exit_code);

@@ -8,7 +8,8 @@
 //   pool_worker crash R             rank R gets SIGSEGV at step 3
 //   pool_worker wait-ending R       rank R fails 0.5 s after an agreement; the
 //                                   others wait_until_ending(10 s) and print
-//                                   ENDING heard=B after=MS
+//                                   ENDING heard=B after=MS, then fail
+//                                   with code 9 (they end 75 all the same)
 //   pool_worker steps               steps of agree("step") until killed
 //   pool_worker stall R SECONDS     rank R sleeps before agree("checkpoint"), patience 2 s
 //   pool_worker hold SECONDS        join, print READY, sleep, then exchange
@@ -245,7 +246,9 @@ int main(int argc, char** argv) {
     const bool heard = pool.wait_until_ending(10s);
     const auto after = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - asked);
     line("ENDING heard=" + std::to_string(heard) + " after=" + std::to_string(after.count()));
-    pool.agree("after");  // ends this process as the failed one's peer
+    // An error of its own now is the failure's consequence (a collective
+    // broken by it): the process still ends as the failed one's peer.
+    pool.fail("a collective broke after the word", 9);
   }
   if (scenario == "crash") {
     // A real SIGSEGV, sent rather than caused: UBSan would stop a null store
