@@ -273,6 +273,7 @@ Result<Done> join_with(Pool::State& state, const JoinOptions& options, Clock::ti
     }
   }
 
+  if (state.client) log_debug("join: connected to the coordination service; the join's agreement next");
   attach_failure_path(state, options.failure_handlers);
   if (auto offered = offer_framework_coordinator(state); !offered.ok()) return offered;
   if (state.client) {

@@ -82,13 +82,16 @@ TEST(PythonSlurm, AScancelledStepIsAStopNoRankBlamedNoneCrashed) {
   const std::string shell = "srun -J dew-scancel-test --dew-pool -N2 -n4 /usr/bin/python3 '" + script() +
                             "' stopped 0 >'" + out + "' 2>'" + err +
                             "' & srun=$!\n"
-                            "for k in $(seq 300); do [ \"$(grep -c READY '" +
+                            "for k in $(seq 900); do [ \"$(grep -c READY '" +
                             out +
                             "')\" -ge 4 ] && break; sleep 0.1; done\n"
                             "sleep 0.3; scancel -n dew-scancel-test; wait $srun; echo \"srun exit $?\"";
+  // Up to 90 s for the four READY lines: on a loaded machine the step may
+  // queue while the last attempt's nodes are still being freed (a CI run
+  // once cancelled it, queued, after 30 s, before any rank had started).
   for (int attempt = 0; attempt < 3; ++attempt) {
     SCOPED_TRACE("attempt " + std::to_string(attempt));
-    auto r = cluster().command({"/bin/sh", "-c", shell}, {{"PYTHONPATH", module_dir()}}, 60s);
+    auto r = cluster().command({"/bin/sh", "-c", shell}, {{"PYTHONPATH", module_dir()}}, 150s);
     const std::string srun_err = read_text(err);
     ASSERT_EQ(occurrences(read_text(out), "READY "), 4) << srun_err;
     EXPECT_THAT(r.out, HasSubstr("srun exit 143")) << srun_err;
