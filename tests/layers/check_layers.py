@@ -2,8 +2,8 @@
 """The layers hold: every source file includes only its own folder's headers
 and those of folders in lower layers (README.md, "Layout"), and a program
 that links only the pool (its library, not libdew) links no hwloc, pugixml
-or Gloo itself (its NEEDED entries; ldd still lists hwloc because PMIx's
-own libpmix.so.2 needs it).
+or Gloo itself, nor PMIx or MUNGE, which the pool loads when it meets them
+(its NEEDED entries).
 
     check_layers.py SOURCE_ROOT [POOL_ONLY_PROGRAM]
 
@@ -76,10 +76,10 @@ def check_slurm_declarations(root):
 def check_pool_only(program):
     dynamic = subprocess.run(["readelf", "-d", program], capture_output=True, text=True, check=True).stdout
     needed = re.findall(r"\(NEEDED\).*\[(.+)\]", dynamic)
-    if not any(name.startswith("libpmix") for name in needed):
-        return [f"{program}: no libpmix among its NEEDED libraries ({', '.join(needed)}): not a pool program"]
+    if not any(name.startswith("libsodium") for name in needed):
+        return [f"{program}: no libsodium among its NEEDED libraries ({', '.join(needed)}): not a pool program"]
     return [f"{program} links only the pool but needs {name}" for name in needed
-            if name.startswith(("libhwloc", "libpugixml", "libgloo"))]
+            if name.startswith(("libhwloc", "libpugixml", "libgloo", "libpmix", "libmunge"))]
 
 
 def main():
