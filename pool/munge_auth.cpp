@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "dew/task_contract.h"
+#include "loaded_library.h"
 
 namespace dew::runtime::munge_auth {
 namespace {
@@ -30,12 +31,6 @@ struct Library {
 // MUNGE 0.5): the library is never closed once loaded.
 constexpr const char* kLibraryName = "libmunge.so.2";
 
-template <typename Function>
-bool bind(void* handle, const char* name, Function& function) {
-  function = reinterpret_cast<Function>(::dlsym(handle, name));
-  return function != nullptr;
-}
-
 Result<const Library*> library() {
   static const Result<Library> loaded = []() -> Result<Library> {
     void* handle = ::dlopen(kLibraryName, RTLD_NOW | RTLD_LOCAL);
@@ -45,9 +40,10 @@ Result<const Library*> library() {
                          (why ? why : "not found") + "; Debian's package: libmunge2)");
     }
     Library calls;
-    if (!bind(handle, "munge_ctx_create", calls.ctx_create) || !bind(handle, "munge_ctx_destroy", calls.ctx_destroy) ||
-        !bind(handle, "munge_ctx_set", calls.ctx_set) || !bind(handle, "munge_encode", calls.encode) ||
-        !bind(handle, "munge_decode", calls.decode) || !bind(handle, "munge_strerror", calls.strerror)) {
+    if (!bind_call(handle, "munge_ctx_create", calls.ctx_create) ||
+        !bind_call(handle, "munge_ctx_destroy", calls.ctx_destroy) ||
+        !bind_call(handle, "munge_ctx_set", calls.ctx_set) || !bind_call(handle, "munge_encode", calls.encode) ||
+        !bind_call(handle, "munge_decode", calls.decode) || !bind_call(handle, "munge_strerror", calls.strerror)) {
       return unavailable(std::string(kLibraryName) +
                          " lacks a call Dew makes (munge_ctx_create, munge_ctx_set, "
                          "munge_encode, munge_decode, munge_strerror): not MUNGE 0.5's library");

@@ -16,6 +16,8 @@
 #include <optional>
 #include <thread>
 
+#include "loaded_library.h"
+
 namespace dew::runtime {
 namespace {
 
@@ -37,12 +39,6 @@ struct PmixCalls {
 // Debian's libpmix2 (PMIx 4): the soname Slurm's and Open MPI's PMIx use.
 constexpr const char* kPmixLibrary = "libpmix.so.2";
 
-template <typename Function>
-bool bind(void* handle, const char* name, Function& function) {
-  function = reinterpret_cast<Function>(::dlsym(handle, name));
-  return function != nullptr;
-}
-
 // Loaded once, never closed.
 Result<const PmixCalls*> load_pmix() {
   static const Result<PmixCalls> loaded = []() -> Result<PmixCalls> {
@@ -53,12 +49,13 @@ Result<const PmixCalls*> load_pmix() {
                          " cannot be loaded (" + (why ? why : "not found") + "; Debian's package: libpmix2)");
     }
     PmixCalls c;
-    const bool all =
-        bind(handle, "PMIx_Init", c.init) && bind(handle, "PMIx_Finalize", c.finalize) &&
-        bind(handle, "PMIx_Get", c.get) && bind(handle, "PMIx_Get_nb", c.get_nb) && bind(handle, "PMIx_Put", c.put) &&
-        bind(handle, "PMIx_Commit", c.commit) && bind(handle, "PMIx_Fence_nb", c.fence_nb) &&
-        bind(handle, "PMIx_Abort", c.abort) && bind(handle, "PMIx_Error_string", c.error_string) &&
-        bind(handle, "PMIx_Value_destruct", c.value_destruct) && bind(handle, "PMIx_Info_load", c.info_load);
+    const bool all = bind_call(handle, "PMIx_Init", c.init) && bind_call(handle, "PMIx_Finalize", c.finalize) &&
+                     bind_call(handle, "PMIx_Get", c.get) && bind_call(handle, "PMIx_Get_nb", c.get_nb) &&
+                     bind_call(handle, "PMIx_Put", c.put) && bind_call(handle, "PMIx_Commit", c.commit) &&
+                     bind_call(handle, "PMIx_Fence_nb", c.fence_nb) && bind_call(handle, "PMIx_Abort", c.abort) &&
+                     bind_call(handle, "PMIx_Error_string", c.error_string) &&
+                     bind_call(handle, "PMIx_Value_destruct", c.value_destruct) &&
+                     bind_call(handle, "PMIx_Info_load", c.info_load);
     if (!all) return unavailable(std::string(kPmixLibrary) + " lacks a call Dew makes: not PMIx 4's library");
     return c;
   }();
