@@ -27,15 +27,22 @@ struct GpuContract {
   std::optional<std::string> given;
 };
 
-// The contract lines of a run, by rank (a line may carry a launcher's
-// "[rank] " or "rank: " label in front).
+// The contracts a run printed, by rank. Each is read from its "CONTRACT {"
+// to the last "}" before the next one, not line by line: a line may carry a
+// launcher's "[rank] " or "rank: " label in front, and mpirun forwards its
+// processes' output in pieces, so one process's line can end glued to
+// another's ("...}}CONTRACT {...", seen in a clean-clone CI run).
 inline std::map<int, nlohmann::json> contract_lines(const std::string& out) {
   std::map<int, nlohmann::json> by_rank;
-  std::istringstream lines(out);
-  for (std::string line; std::getline(lines, line);) {
-    const auto at = line.find("CONTRACT {");
-    if (at == std::string::npos) continue;
-    const auto contract = nlohmann::json::parse(line.substr(at + 9), nullptr, false);
+  const std::string marker = "CONTRACT {";
+  for (auto at = out.find(marker); at != std::string::npos;) {
+    const auto next = out.find(marker, at + marker.size());
+    const std::string piece = out.substr(at + marker.size() - 1,
+                                         next == std::string::npos ? std::string::npos : next - at - marker.size() + 1);
+    const auto close = piece.rfind('}');
+    at = next;
+    if (close == std::string::npos) continue;
+    const auto contract = nlohmann::json::parse(piece.substr(0, close + 1), nullptr, false);
     if (contract.is_discarded() || !contract.contains("rank")) continue;
     by_rank[contract["rank"].get<int>()] = contract;
   }
