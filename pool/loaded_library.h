@@ -5,7 +5,21 @@
 
 #include <dlfcn.h>
 
+#include <string>
+
+#include "dew/result.h"
+
 namespace dew::runtime {
+
+// The library `soname`, loaded once by the caller and never closed; else
+// one line naming it, `what` needs it, and the Debian package that has it.
+inline Result<void*> open_library(const char* soname, int flags, const std::string& what, const char* package) {
+  void* handle = ::dlopen(soname, flags);
+  if (handle) return handle;
+  const char* why = ::dlerror();
+  return unavailable(what + " " + soname + " cannot be loaded (" + (why ? why : "not found") +
+                     "; Debian's package: " + package + ")");
+}
 
 // `function` set to `name` in the library `handle`; false when it is not there.
 template <typename Function>

@@ -33,12 +33,9 @@ constexpr const char* kLibraryName = "libmunge.so.2";
 
 Result<const Library*> library() {
   static const Result<Library> loaded = []() -> Result<Library> {
-    void* handle = ::dlopen(kLibraryName, RTLD_NOW | RTLD_LOCAL);
-    if (!handle) {
-      const char* why = ::dlerror();
-      return unavailable(std::string("MUNGE's library ") + kLibraryName + " cannot be loaded (" +
-                         (why ? why : "not found") + "; Debian's package: libmunge2)");
-    }
+    auto opened = open_library(kLibraryName, RTLD_NOW | RTLD_LOCAL, "MUNGE's library", "libmunge2");
+    if (!opened.ok()) return opened.error();
+    void* handle = opened.value();
     Library calls;
     if (!bind_call(handle, "munge_ctx_create", calls.ctx_create) ||
         !bind_call(handle, "munge_ctx_destroy", calls.ctx_destroy) ||

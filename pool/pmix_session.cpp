@@ -42,12 +42,11 @@ constexpr const char* kPmixLibrary = "libpmix.so.2";
 // Loaded once, never closed.
 Result<const PmixCalls*> load_pmix() {
   static const Result<PmixCalls> loaded = []() -> Result<PmixCalls> {
-    void* handle = ::dlopen(kPmixLibrary, RTLD_NOW | RTLD_GLOBAL);  // PMIx's plugins bind to its symbols
-    if (!handle) {
-      const char* why = ::dlerror();
-      return unavailable(std::string("a PMIx server is here but PMIx's library ") + kPmixLibrary +
-                         " cannot be loaded (" + (why ? why : "not found") + "; Debian's package: libpmix2)");
-    }
+    // RTLD_GLOBAL: PMIx's own plugins bind to its symbols.
+    auto opened =
+        open_library(kPmixLibrary, RTLD_NOW | RTLD_GLOBAL, "a PMIx server is here but PMIx's library", "libpmix2");
+    if (!opened.ok()) return opened.error();
+    void* handle = opened.value();
     PmixCalls c;
     const bool all = bind_call(handle, "PMIx_Init", c.init) && bind_call(handle, "PMIx_Finalize", c.finalize) &&
                      bind_call(handle, "PMIx_Get", c.get) && bind_call(handle, "PMIx_Get_nb", c.get_nb) &&
